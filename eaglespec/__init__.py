@@ -1,0 +1,3 @@
+"""eaglespec: EAGLE speculative decoding with its own fast target runtime."""
+
+__version__ = "0.1.0"

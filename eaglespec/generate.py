@@ -1,0 +1,342 @@
+"""The generation loop: one loop for vanilla and speculative decoding, streaming by nature.
+
+Each step, for every active sequence: the proposer (none for vanilla) drafts a tree rooted at the sequence's
+pending token (sampled but not yet in the KV cache); one target forward runs over the flattened trees; the
+verifier picks the accepted path and the bonus token; the path's K/V are compacted into the prefix and the
+committed tokens go through the stop rules and out as a chunk. Vanilla decoding is the same step with a
+one-node tree, so both paths share sampling, stopping, batching and accounting.
+
+Sequences join the batch as rows of the KV cache become free (prefill, then decode) and leave it as soon as
+they finish, so a batch of prompts decodes together and the server can admit requests between steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+import torch
+
+from .config import GenerationConfig, SamplingParams
+from .sampling import draw_uniforms, process_logits
+from .stopping import StopChecker
+from .tree import DraftTree, tree_mask, tree_positions
+from .verify import Verdict, verify_greedy, verify_sampling
+
+
+class Proposer(Protocol):
+    """A drafter plugged into the loop (EAGLE heads, a replay drafter in tests...)."""
+
+    hidden_indices: tuple[int, ...]
+    """Target `hidden_states` indices the proposer needs from every target forward (() = final hidden only)."""
+    max_tree_nodes: int
+    """Upper bound of the nodes (root included) of any tree it proposes: KV slack per row."""
+
+    def reserve(self, max_batch: int, max_len: int) -> None:
+        """Make room (e.g. a draft KV cache) for `max_batch` rows of up to `max_len` tokens."""
+
+    def prefill(self, rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, out, pending: torch.Tensor) -> None:
+        """After the target prefill: rows [B], prompt tokens [B, T] (right-padded), lengths [B], the target's
+        ForwardOutput over the prompts and the first sampled (pending) token per row [B]."""
+
+    def propose(self, rows: torch.Tensor, pending: torch.Tensor, prefix_lengths: torch.Tensor) -> DraftTree:
+        """Draft a tree per row whose root is the row's pending token; prefix_lengths [B] = target KV lengths."""
+
+    def commit(self, rows: torch.Tensor, tree: DraftTree, verdict: Verdict, out) -> None:
+        """After verification: the accepted path (and the target features of its nodes, in `out`)."""
+
+    def release(self, rows: torch.Tensor) -> None:
+        """The sequences in these rows finished: their draft state may be dropped."""
+
+
+@dataclass
+class Request:
+    """One prompt (already tokenized) and how to continue it."""
+
+    prompt_ids: list[int]
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+
+
+@dataclass
+class Chunk:
+    """Tokens committed for one request in one step (after stop rules)."""
+
+    index: int  # position of the request in the list given to `stream`
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+
+
+@dataclass
+class SequenceStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # verification forwards after prefill
+    accepted_per_position: list[int] = field(default_factory=list)  # rounds in which depth d+1 was accepted
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    wall_s: float = 0.0  # prefill + decode, from admission to the last token
+
+    @property
+    def mean_accept_len(self) -> float:
+        """tau = new tokens / target forwards after prefill (the prefill's token is not a decode step)."""
+        decode_tokens = self.new_tokens - 1
+        return decode_tokens / self.target_forwards if self.target_forwards else 0.0
+
+
+@dataclass
+class Completion:
+    index: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    stats: SequenceStats
+
+
+@dataclass
+class _Sequence:
+    index: int
+    request: Request
+    row: int
+    stopper: StopChecker
+    generator: torch.Generator
+    pending: int = -1
+    output: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stats: SequenceStats = field(default_factory=SequenceStats)
+    start: float = 0.0
+
+
+def _uniform_sampling_key(p: SamplingParams) -> tuple:
+    return (p.temperature, p.top_k, p.top_p)
+
+
+class Engine:
+    """Runs requests through the target model, with an optional proposer, `max_batch_size` at a time."""
+
+    def __init__(self, target, proposer: Proposer | None = None, max_batch_size: int = 1):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = target.model
+        self.tokenizer = target.tokenizer
+        self.eos_token_ids = list(target.eos_token_ids)
+        self.proposer = proposer
+        self.max_batch_size = max_batch_size
+        self.cache = None
+        self.device = self.model.device
+        self.max_context = self.model.args.max_position_embeddings
+
+    # ----------------------------------------------------------------------------------------------- API
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Run all requests to completion; results in request order."""
+        done: dict[int, Completion] = {}
+        for _ in self.stream(requests, on_finish=lambda c: done.__setitem__(c.index, c)):
+            pass
+        return [done[i] for i in range(len(requests))]
+
+    def stream(self, requests: Sequence[Request], on_finish=None) -> Iterator[list[Chunk]]:
+        """Yield, once per step, the chunks committed in that step (one per sequence that got tokens)."""
+        requests = list(requests)
+        slack = self.proposer.max_tree_nodes if self.proposer else 1
+        for i, r in enumerate(requests):
+            self._validate(i, r, slack)
+        if not requests:
+            return
+        max_len = max(len(r.prompt_ids) + r.config.max_new_tokens for r in requests) + slack
+        batch = min(self.max_batch_size, len(requests))
+        self._reserve(batch, max_len)
+
+        waiting = deque(enumerate(requests))
+        free_rows = list(range(batch))
+        active: list[_Sequence] = []
+        while waiting or active:
+            if waiting and free_rows:
+                admitted = []
+                while waiting and free_rows:
+                    i, req = waiting.popleft()
+                    admitted.append(self._new_sequence(i, req, free_rows.pop(0)))
+                chunks = self._prefill(admitted)
+                active.extend(admitted)
+            else:
+                chunks = self._step(active)
+            finished = [s for s in active if s.finish_reason is not None]
+            if finished:
+                active = [s for s in active if s.finish_reason is None]
+                rows = torch.tensor([s.row for s in finished], device=self.device)
+                self.cache.reset(rows)
+                if self.proposer is not None:
+                    self.proposer.release(rows)
+                for s in finished:
+                    free_rows.append(s.row)
+                    if on_finish is not None:
+                        on_finish(self._completion(s))
+            yield chunks
+
+    # ------------------------------------------------------------------------------------------ internals
+
+    def _validate(self, i: int, r: Request, slack: int) -> None:
+        r.config.validate()
+        if not r.prompt_ids:
+            raise ValueError(f"request {i}: the prompt is empty (no tokens)")
+        need = len(r.prompt_ids) + r.config.max_new_tokens + slack
+        if need > self.max_context:
+            raise ValueError(
+                f"request {i}: prompt ({len(r.prompt_ids)} tokens) + max_new_tokens "
+                f"({r.config.max_new_tokens}) + draft slack ({slack}) = {need} exceeds the model's context "
+                f"of {self.max_context} tokens"
+            )
+
+    def _reserve(self, batch: int, max_len: int) -> None:
+        c = self.cache
+        if c is None or c.k.shape[1] < batch or c.k.shape[3] < max_len:
+            self.cache = None  # free the old buffers before allocating the new ones
+            self.cache = self.model.new_cache(batch, max_len)
+            if self.proposer is not None:
+                self.proposer.reserve(batch, max_len)
+        self.cache.reset()
+
+    def _new_sequence(self, index: int, req: Request, row: int) -> _Sequence:
+        cfg = req.config
+        seed = cfg.sampling.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()))
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        stopper = StopChecker(self.tokenizer, self.eos_token_ids, cfg.max_new_tokens, cfg.stop, cfg.ignore_eos)
+        seq = _Sequence(index, req, row, stopper, gen, start=time.perf_counter())
+        seq.stats.prompt_tokens = len(req.prompt_ids)
+        return seq
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _prefill(self, seqs: list[_Sequence]) -> list[Chunk]:
+        t0 = time.perf_counter()
+        lengths = torch.tensor([len(s.request.prompt_ids) for s in seqs], device=self.device)
+        T = int(lengths.max())
+        tokens = torch.zeros(len(seqs), T, dtype=torch.long, device=self.device)
+        for b, s in enumerate(seqs):
+            tokens[b, : len(s.request.prompt_ids)] = torch.tensor(s.request.prompt_ids)
+        rows = torch.tensor([s.row for s in seqs], device=self.device)
+        positions = torch.arange(T, device=self.device).expand(len(seqs), T)
+        hidden_indices = self.proposer.hidden_indices if self.proposer else ()
+        out = self.model(tokens, positions, self.cache, rows=rows, logits_at=(lengths - 1)[:, None],
+                         hidden_indices=hidden_indices)
+        self.cache.advance(rows, lengths)
+        root = DraftTree.root_only(tokens[:, :1])
+        verdict = self._verify(seqs, root, out.logits)  # [B, 1, V] logits -> first new token
+        if self.proposer is not None:
+            self.proposer.prefill(rows, tokens, lengths, out, verdict.bonus)
+        self._sync()
+        elapsed = time.perf_counter() - t0
+        first = verdict.bonus.tolist()
+        chunks = []
+        for s, tok in zip(seqs, first):
+            s.stats.prefill_s = elapsed
+            chunks.append(self._commit_tokens(s, [tok]))
+        return chunks
+
+    def _verify(self, seqs: list[_Sequence], tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        """Greedy or sampling verification, grouped by identical sampling parameters."""
+        groups: dict[tuple, list[int]] = {}
+        for b, s in enumerate(seqs):
+            groups.setdefault(_uniform_sampling_key(s.request.config.sampling), []).append(b)
+        if len(groups) == 1:
+            return self._verify_group(seqs, tree, logits)
+        parts = {}
+        for idx in groups.values():
+            sel = torch.tensor(idx, device=logits.device)
+            parts[tuple(idx)] = self._verify_group([seqs[b] for b in idx], tree.select(sel), logits[sel])
+        B, D = len(seqs), max(v.path.shape[1] for v in parts.values())
+        path = torch.full((B, D), -1, dtype=torch.long, device=logits.device)
+        n_acc = torch.zeros(B, dtype=torch.long, device=logits.device)
+        bonus = torch.zeros(B, dtype=torch.long, device=logits.device)
+        for idx, v in parts.items():
+            sel = torch.tensor(idx, device=logits.device)
+            path[sel, : v.path.shape[1]] = v.path
+            n_acc[sel], bonus[sel] = v.n_accepted, v.bonus
+        return Verdict(path=path, n_accepted=n_acc, bonus=bonus)
+
+    def _verify_group(self, seqs: list[_Sequence], tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        p = seqs[0].request.config.sampling
+        if p.greedy:
+            return verify_greedy(tree, logits)
+        probs = process_logits(logits, p.temperature, p.top_k, p.top_p)  # [B, N, V]
+        n = tree.tokens.shape[1]
+        u = draw_uniforms([s.generator for s in seqs], n + 1, logits.device)  # [B, N + 1]
+        return verify_sampling(tree, probs, u[:, :n], u[:, n], sampled_children=tree.draft_q is not None)
+
+    def _step(self, seqs: list[_Sequence]) -> list[Chunk]:
+        t0 = time.perf_counter()
+        rows = torch.tensor([s.row for s in seqs], device=self.device)
+        pending = torch.tensor([s.pending for s in seqs], device=self.device)
+        prefix = self.cache.lengths[rows]
+        if self.proposer is not None:
+            tree = self.proposer.propose(rows, pending, prefix)
+            hidden_indices = self.proposer.hidden_indices
+        else:
+            tree = DraftTree.root_only(pending[:, None])
+            hidden_indices = ()
+        self._sync()
+        t1 = time.perf_counter()
+        n = tree.tokens.shape[1]
+        out = self.model(
+            tree.tokens,
+            tree_positions(tree.depth, prefix),
+            self.cache,
+            rows=rows,
+            block_mask=None if n == 1 else tree_mask(tree.parents, tree.valid),
+            logits_at="all",
+            hidden_indices=hidden_indices,
+        )
+        verdict = self._verify(seqs, tree, out.logits)
+        counts = verdict.n_accepted + 1  # root + accepted draft nodes enter the prefix
+        if n == 1:
+            self.cache.advance(rows, counts)
+        else:
+            self.cache.compact(rows, prefix[:, None] + verdict.path.clamp(min=0), counts)
+        # Committed tokens: the accepted draft nodes' tokens, then the bonus token.
+        path_tokens = tree.tokens.gather(1, verdict.path[:, 1:].clamp(min=0))  # [B, D]
+        self._sync()
+        t2 = time.perf_counter()
+        if self.proposer is not None:
+            self.proposer.commit(rows, tree, verdict, out)
+            self._sync()
+        t3 = time.perf_counter()
+        n_acc = verdict.n_accepted.tolist()
+        path_tokens, bonus = path_tokens.tolist(), verdict.bonus.tolist()
+        chunks = []
+        for b, s in enumerate(seqs):
+            st = s.stats
+            st.target_forwards += 1
+            st.draft_s += (t1 - t0) + (t3 - t2)
+            st.verify_s += t2 - t1
+            k = n_acc[b]
+            if len(st.accepted_per_position) < k:
+                st.accepted_per_position.extend([0] * (k - len(st.accepted_per_position)))
+            for d in range(k):
+                st.accepted_per_position[d] += 1
+            chunks.append(self._commit_tokens(s, path_tokens[b][:k] + [bonus[b]]))
+        return chunks
+
+    def _commit_tokens(self, s: _Sequence, tokens: list[int]) -> Chunk:
+        res = s.stopper.feed(tokens)
+        s.output.extend(res.token_ids)
+        s.text += res.text
+        s.stats.new_tokens = len(s.output)
+        if res.finished:
+            s.finish_reason = res.finish_reason
+            s.stats.wall_s = time.perf_counter() - s.start
+        else:
+            s.pending = tokens[-1]
+        return Chunk(s.index, res.token_ids, res.text, res.finished, res.finish_reason)
+
+    def _completion(self, s: _Sequence) -> Completion:
+        return Completion(s.index, s.request.prompt_ids, s.output, s.text, s.finish_reason, s.stats)
