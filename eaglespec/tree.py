@@ -74,6 +74,19 @@ class DraftTree:
     def batch_size(self) -> int:
         return self.tokens.shape[0]
 
+    @classmethod
+    def root_only(cls, tokens: Tensor) -> DraftTree:
+        """The trivial tree of vanilla decoding: just the pending tokens, int64 [B] or [B, 1] -> N = 1."""
+        tokens = tokens.reshape(-1, 1).to(torch.int64)  # [B, 1]
+        zeros = torch.zeros_like(tokens)
+        return cls(tokens=tokens, parents=zeros - 1, depth=zeros, valid=torch.ones_like(tokens, dtype=torch.bool),
+                   draft_logp=torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device))
+
+    def select(self, rows: Tensor) -> DraftTree:
+        """The sub-batch of the given rows (int64 [b] indices into the batch), same N."""
+        return DraftTree(**{name: None if t is None else t.index_select(0, rows)
+                            for name, t in vars(self).items()})
+
     def validate(self) -> None:
         """Check the structural invariants; raise ValueError naming the first offending row and node.
 

@@ -450,3 +450,14 @@ def test_default_table_is_valid():
         cfg = d.pick(n)
         assert cfg.num_nodes >= 2
         assert (cfg.builder() if cfg.kind == "dynamic" else cfg.shape()).num_nodes == cfg.num_nodes
+
+
+def test_root_only_and_select():
+    root = DraftTree.root_only(t([[5], [6], [7]]))
+    root.validate()
+    assert root.num_nodes == 1 and root.tokens.tolist() == [[5], [6], [7]] and root.parents.tolist() == [[-1]] * 3
+    assert torch.equal(DraftTree.root_only(t([5, 6, 7])).tokens, root.tokens)
+    tree, _ = run_builder(DynamicTreeBuilder(topk=2, depth=3, tree_tokens=5), [100, 200], batch(ROW0, ROW1))
+    sub = tree.select(t([1]))
+    sub.validate()
+    assert sub.tokens.tolist() == [[200, 10, 11, 22, 23, 40]] and sub.draft_q is None
