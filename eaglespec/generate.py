@@ -118,9 +118,18 @@ def _uniform_sampling_key(p: SamplingParams) -> tuple:
 
 
 class Engine:
-    """Runs requests through the target model, with an optional proposer, `max_batch_size` at a time."""
+    """Runs requests through the target model, with an optional proposer, `max_batch_size` at a time.
 
-    def __init__(self, target, proposer: Proposer | None = None, max_batch_size: int = 1):
+    Two ways to drive it: `generate`/`stream` for a fixed list of requests (CLI, benchmarks), or
+    `submit` + `step` (+ `cancel`) for requests that arrive while others decode (the server's scheduler).
+    Each `step` either prefills waiting requests into free cache rows or runs one decode step for every
+    active sequence, and returns the chunks it committed.
+    """
+
+    def __init__(self, target, proposer: Proposer | None = None, max_batch_size: int = 1,
+                 max_len: int | None = None):
+        """max_len: KV slots per row for `submit`-driven use (default: the model's context); `stream`
+        sizes the cache to its requests instead."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = target.model
@@ -128,9 +137,16 @@ class Engine:
         self.eos_token_ids = list(target.eos_token_ids)
         self.proposer = proposer
         self.max_batch_size = max_batch_size
-        self.cache = None
         self.device = self.model.device
         self.max_context = self.model.args.max_position_embeddings
+        if max_len is not None and not 1 < max_len <= self.max_context:
+            raise ValueError(f"max_len must be in [2, {self.max_context}], got {max_len}")
+        self.max_len = max_len or self.max_context
+        self.slack = proposer.max_tree_nodes if proposer is not None else 1
+        self.cache = None
+        self.waiting: deque[tuple[object, Request]] = deque()
+        self.active: list[_Sequence] = []
+        self.free_rows: list[int] = []
 
     # ----------------------------------------------------------------------------------------------- API
 
@@ -142,65 +158,102 @@ class Engine:
         return [done[i] for i in range(len(requests))]
 
     def stream(self, requests: Sequence[Request], on_finish=None) -> Iterator[list[Chunk]]:
-        """Yield, once per step, the chunks committed in that step (one per sequence that got tokens)."""
+        """Yield, once per step, the chunks committed in that step (one per sequence that got tokens).
+
+        Chunk.index is the request's position in `requests`; `on_finish(Completion)` is called as each
+        request finishes."""
+        if not self.idle:
+            raise RuntimeError("stream() needs an idle engine (requests submitted with submit() are pending)")
         requests = list(requests)
-        slack = self.proposer.max_tree_nodes if self.proposer else 1
         for i, r in enumerate(requests):
-            self._validate(i, r, slack)
+            self._validate(i, r, self.max_context)
         if not requests:
             return
-        max_len = max(len(r.prompt_ids) + r.config.max_new_tokens for r in requests) + slack
-        batch = min(self.max_batch_size, len(requests))
-        self._reserve(batch, max_len)
+        max_len = max(len(r.prompt_ids) + r.config.max_new_tokens for r in requests) + self.slack
+        self._reserve(min(self.max_batch_size, len(requests)), max_len)
+        for i, r in enumerate(requests):
+            self.waiting.append((i, r))
+        while not self.idle:
+            yield self.step(on_finish)
 
-        waiting = deque(enumerate(requests))
-        free_rows = list(range(batch))
-        active: list[_Sequence] = []
-        while waiting or active:
-            if waiting and free_rows:
-                admitted = []
-                while waiting and free_rows:
-                    i, req = waiting.popleft()
-                    admitted.append(self._new_sequence(i, req, free_rows.pop(0)))
-                chunks = self._prefill(admitted)
-                active.extend(admitted)
-            else:
-                chunks = self._step(active)
-            finished = [s for s in active if s.finish_reason is not None]
-            if finished:
-                active = [s for s in active if s.finish_reason is None]
-                rows = torch.tensor([s.row for s in finished], device=self.device)
-                self.cache.reset(rows)
-                if self.proposer is not None:
-                    self.proposer.release(rows)
-                for s in finished:
-                    free_rows.append(s.row)
-                    if on_finish is not None:
-                        on_finish(self._completion(s))
-            yield chunks
+    def submit(self, key, request: Request) -> None:
+        """Queue a request; its chunks will carry `key` as their index. Raises ValueError on bad input."""
+        self._validate(key, request, self.max_len)
+        self.waiting.append((key, request))
+
+    def cancel(self, key) -> bool:
+        """Drop a waiting or active request (e.g. its client disconnected); frees its cache row."""
+        for i, (k, _) in enumerate(self.waiting):
+            if k == key:
+                del self.waiting[i]
+                return True
+        for s in self.active:
+            if s.index == key:
+                s.finish_reason = "cancelled"
+                self._retire([s], None)
+                return True
+        return False
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def step(self, on_finish=None) -> list[Chunk]:
+        """Prefill waiting requests into free rows if any, else decode one step for all active sequences."""
+        if self.cache is None:
+            self._reserve(self.max_batch_size, self.max_len)
+        if self.waiting and self.free_rows:
+            admitted = []
+            while self.waiting and self.free_rows:
+                key, req = self.waiting.popleft()
+                admitted.append(self._new_sequence(key, req, self.free_rows.pop(0)))
+            self.active.extend(admitted)
+            chunks = self._prefill(admitted)
+        elif self.active:
+            chunks = self._step(self.active)
+        else:
+            return []
+        finished = [s for s in self.active if s.finish_reason is not None]
+        if finished:
+            self._retire(finished, on_finish)
+        return chunks
 
     # ------------------------------------------------------------------------------------------ internals
 
-    def _validate(self, i: int, r: Request, slack: int) -> None:
+    def _retire(self, finished: list[_Sequence], on_finish) -> None:
+        ids = {id(s) for s in finished}
+        self.active = [s for s in self.active if id(s) not in ids]
+        rows = torch.tensor([s.row for s in finished], device=self.device)
+        self.cache.reset(rows)
+        if self.proposer is not None:
+            self.proposer.release(rows)
+        for s in finished:
+            self.free_rows.append(s.row)
+            if on_finish is not None:
+                on_finish(self._completion(s))
+
+    def _validate(self, key, r: Request, max_len: int) -> None:
         r.config.validate()
         if not r.prompt_ids:
-            raise ValueError(f"request {i}: the prompt is empty (no tokens)")
-        need = len(r.prompt_ids) + r.config.max_new_tokens + slack
-        if need > self.max_context:
+            raise ValueError(f"request {key}: the prompt is empty (no tokens)")
+        need = len(r.prompt_ids) + r.config.max_new_tokens + self.slack
+        if need > max_len:
             raise ValueError(
-                f"request {i}: prompt ({len(r.prompt_ids)} tokens) + max_new_tokens "
-                f"({r.config.max_new_tokens}) + draft slack ({slack}) = {need} exceeds the model's context "
-                f"of {self.max_context} tokens"
+                f"request {key}: prompt ({len(r.prompt_ids)} tokens) + max_new_tokens "
+                f"({r.config.max_new_tokens}) + draft slack ({self.slack}) = {need} exceeds the context "
+                f"of {max_len} tokens"
             )
 
     def _reserve(self, batch: int, max_len: int) -> None:
+        """(Re)allocate the KV cache(s) if too small; only called while idle."""
         c = self.cache
-        if c is None or c.k.shape[1] < batch or c.k.shape[3] < max_len:
+        if c is None or c.max_batch < batch or c.max_len < max_len:
             self.cache = None  # free the old buffers before allocating the new ones
             self.cache = self.model.new_cache(batch, max_len)
             if self.proposer is not None:
                 self.proposer.reserve(batch, max_len)
         self.cache.reset()
+        self.free_rows = list(range(self.cache.max_batch))
 
     def _new_sequence(self, index: int, req: Request, row: int) -> _Sequence:
         cfg = req.config

@@ -124,3 +124,28 @@ def test_bad_inputs_get_clear_errors(tiny):
         engine.generate([Request([5] * 500, greedy(100))])
     with pytest.raises(ValueError, match="max_batch_size"):
         Engine(target, max_batch_size=0)
+
+
+def test_submit_step_cancel_admits_between_steps(tiny):
+    target, _ = tiny
+    reqs = [Request(encode(p), greedy(12, ignore_eos=True)) for p in PROMPTS]
+    alone = {i: Engine(target).generate([r])[0].token_ids for i, r in enumerate(reqs)}
+    engine = Engine(target, max_batch_size=2, max_len=128)
+    got: dict = {k: [] for k in "abcd"}
+    done = {}
+    engine.submit("a", reqs[0])
+    engine.submit("b", reqs[1])
+    for _ in range(3):
+        for c in engine.step(on_finish=lambda c: done.__setitem__(c.index, c)):
+            got[c.index] += c.token_ids
+    engine.submit("c", reqs[2])  # waits: both rows busy
+    assert engine.cancel("b")  # frees a row; "c" is admitted at the next step
+    engine.submit("d", reqs[3])
+    while not engine.idle:
+        for c in engine.step(on_finish=lambda c: done.__setitem__(c.index, c)):
+            got[c.index] += c.token_ids
+    assert got["a"] == alone[0] and got["c"] == alone[2] and got["d"] == alone[3]
+    assert done["b"].finish_reason == "cancelled" and len(got["b"]) < 12
+    assert not engine.cancel("zzz")
+    with pytest.raises(ValueError, match="context"):
+        engine.submit("e", Request([5] * 120, greedy(20)))
