@@ -145,7 +145,7 @@ def test_submit_step_cancel_admits_between_steps(tiny):
         for c in engine.step(on_finish=lambda c: done.__setitem__(c.index, c)):
             got[c.index] += c.token_ids
     assert got["a"] == alone[0] and got["c"] == alone[2] and got["d"] == alone[3]
-    assert done["b"].finish_reason == "cancelled" and len(got["b"]) < 12
+    assert "b" not in done and len(got["b"]) < 12  # cancelled: no completion, row freed
     assert not engine.cancel("zzz")
     with pytest.raises(ValueError, match="context"):
         engine.submit("e", Request([5] * 120, greedy(20)))
