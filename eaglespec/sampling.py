@@ -1,0 +1,92 @@
+"""Logits processing (temperature -> top-k -> top-p) and inverse-CDF sampling: pure tensor functions.
+
+Vanilla decoding and speculative verification both call `process_logits` on the target logits, so
+speculation samples from exactly the distribution vanilla decoding would. Randomness enters only through
+uniforms passed in by the caller (`draw_uniforms`: one generator per sequence), which makes every function
+here deterministic and lets a sequence's tokens depend on its own seed alone, whatever batch it runs in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+
+def validate_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise ValueError with a clear message for a temperature, top-k or top-p that `process_logits` refuses."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or math.isnan(temperature):
+        raise ValueError(f"temperature must be a number, got {temperature!r}")
+    if temperature < 0 or math.isinf(temperature):
+        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {top_p!r}")
+
+
+def process_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Target logits [..., V] -> sampling distribution probs [..., V] (float32, rows sum to 1).
+
+    Order: temperature scaling, then top-k, then top-p, then renormalisation.
+    - temperature == 0 means greedy: a one-hot of the argmax (first index on ties). top-k/top-p cannot change
+      it (the argmax survives both filters), so greedy and "sampling at T=0" agree token for token.
+    - top_k (0 = off, >= V = off): keeps every token whose scaled logit is >= the k-th largest, so tokens tied
+      with the k-th are all kept (the result never depends on how ties are ordered).
+    - top_p (1.0 = off): nucleus; keeps the smallest set of most likely tokens whose mass is >= top_p (of the
+      distribution after top-k). The most likely token is always kept. Among tokens of equal probability at
+      the boundary the lower token id comes first.
+    Works on any leading shape ([B, V], [B, N, V], ...). Rows whose logits are all -inf are invalid input.
+    """
+    validate_sampling_args(temperature, top_k, top_p)
+    logits = logits.float()  # [..., V]
+    V = logits.shape[-1]
+    if temperature == 0:
+        top = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+        return torch.zeros_like(logits).scatter_(-1, top, 1.0)
+    logits = logits / temperature
+    if 0 < top_k < V:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # [..., 1], the k-th largest scaled logit
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # [..., V]
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [..., V] each
+        mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # [..., V] mass of the strictly more likely tokens
+        drop_sorted = mass_before >= top_p  # position 0 has mass_before == 0 < top_p: always kept
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocabulary order
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: probs [B, V] (non-negative, need not be normalised), u [B] in [0, 1) -> int64 [B].
+
+    Returns, per row, the first token whose cumulative mass exceeds u * total mass. Deterministic given u.
+    A token with probability 0 is never returned: only positive-probability tokens are candidates, and a u
+    at (or rounding up to) the top of the CDF falls back to the last positive-probability token. Rows with
+    no positive entry are invalid input (token 0 comes back).
+    """
+    probs = probs.float()  # [B, V]
+    V = probs.shape[-1]
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    target = u.float()[:, None] * cdf[:, -1:]  # [B, 1]
+    positive = probs > 0  # [B, V]
+    hit = positive & (cdf > target)  # [B, V]; cdf need not be exactly monotone after a parallel scan
+    ids = torch.arange(V, device=probs.device).expand_as(probs)  # [B, V]
+    first_hit = torch.where(hit, ids, V).amin(dim=-1)  # [B]; V where nothing hit (u -> 1 rounding)
+    last_positive = torch.where(positive, ids, -1).amax(dim=-1).clamp_min(0)  # [B]
+    return torch.where(first_hit < V, first_hit, last_positive)
+
+
+def draw_uniforms(generators: Sequence[torch.Generator], n: int, device: torch.device | str) -> torch.Tensor:
+    """n uniforms in [0, 1) per row from that row's own generator -> float32 [B, n], B = len(generators).
+
+    Row b consumes exactly n numbers from generators[b], so its stream does not depend on the other rows of
+    the batch. (It does depend on n: callers that want batch-independent streams should draw a fixed n per
+    step.) Each generator must live on `device`.
+    """
+    if len(generators) == 0:
+        return torch.empty(0, n, device=device)
+    return torch.stack([torch.rand(n, generator=g, device=device) for g in generators])  # [B, n]
