@@ -323,8 +323,9 @@ class Engine:
             return verify_greedy(tree, logits)
         probs = process_logits(logits, p.temperature, p.top_k, p.top_p)  # [B, N, V]
         n = tree.tokens.shape[1]
-        u = draw_uniforms([s.generator for s in seqs], n + 1, logits.device)  # [B, N + 1]
-        return verify_sampling(tree, probs, u[:, :n], u[:, n], sampled_children=tree.draft_q is not None)
+        # A fixed count per step, so a row's random stream does not depend on the tree of its batch.
+        u = draw_uniforms([s.generator for s in seqs], self.slack + 1, logits.device)  # [B, slack + 1]
+        return verify_sampling(tree, probs, u[:, :n], u[:, -1], sampled_children=tree.draft_q is not None)
 
     def _step(self, seqs: list[_Sequence]) -> list[Chunk]:
         t0 = time.perf_counter()
