@@ -580,6 +580,8 @@ class DynamicTreeBuilder:
         kept, kept_valid = kept.gather(1, order), kept_valid.gather(1, order)
 
         nodes = torch.cat([torch.zeros(B, 1, dtype=torch.int64, device=device), kept], dim=1)  # [B, N] cand ids
+        # For drafters that reuse per-candidate state (e.g. draft K/V of expanded nodes): node -> candidate id.
+        self.kept_ids, self.num_candidates = nodes, cat["tokens"].shape[1] - 1
         valid = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=device), kept_valid], dim=1)
         N = T + 1
         new_index = torch.full_like(cat["tokens"], -1)  # [B, M+1]: candidate id -> node index

@@ -1,0 +1,258 @@
+"""Proposers for the generation loop: the EAGLE drafter and a replay drafter (tests, overhead benchmark).
+
+Alignment of draft inputs (REFERENCE.md section 2): the draft pair at position i is (feature f_i, token
+t_{i+1}); its output o_i approximates f_{i+1}, and logits(o_i) is the draft distribution of t_{i+2}.
+After the target prefill over t_0..t_{P-1} and the first sampled token t_P (the pending token), the draft
+cache holds the P pairs (f_i, t_{i+1}), i < P, and `last_h` = o_{P-1} ~ f_P: the children of the root
+(t_P) come straight from logits(last_h), with no draft forward. A node x at depth d >= 1 is expanded by the
+draft pair (o_parent, x) at position P + d - 1.
+
+Draft-KV alignment after verification (REFERENCE.md section 4), for an accepted path root, a_1..a_k and the
+bonus token b, the new committed pairs are (f_root, a_1), (f_a1, a_2), ..., (f_ak, b):
+- "stable" (the EAGLE reference): re-encode all k+1 pairs with the target's TRUE features;
+- "last" (Meta): keep the K/V that drafting already computed (from predicted features) for accepted nodes
+  that were expanded, compacted into place, and re-encode only the remaining suffix with true features
+  (usually the last accepted token and the bonus pair).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .heads import DraftHead
+from .tree import (
+    DraftTree,
+    TreeConfig,
+    TreeDispatcher,
+    chain_tree,
+    expand_static,
+    tree_mask,
+)
+
+Alignment = Literal["stable", "last"]
+
+
+@dataclass
+class _Drafted:
+    """Bookkeeping of one propose() call, used by commit()."""
+
+    prefix: Tensor  # int64 [B] draft/target prefix length P when drafting started
+    node_slot: Tensor  # int64 [B, N]: offset (from P) of the draft slot holding each node's drafted pair, -1 if none
+
+
+class EagleProposer:
+    """Drafts trees with an EAGLE head; the tree shape per step comes from a dispatcher keyed by batch size."""
+
+    def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeConfig, alignment: Alignment = "stable"):
+        if alignment not in ("stable", "last"):
+            raise ValueError(f"alignment must be 'stable' or 'last', got {alignment!r}")
+        self.head = head
+        self.dispatcher = trees if isinstance(trees, TreeDispatcher) else TreeDispatcher({1: trees})
+        self.alignment = alignment
+        self.hidden_indices = head.hidden_indices
+        self.max_tree_nodes = max(c.num_nodes for c in self.dispatcher.configs)
+        # Drafted pairs per step never exceed the tree's nodes; the commit forward writes <= depth + 1.
+        self._draft_slack = self.max_tree_nodes + 1
+        self.cache = None
+        self.last_h: Tensor | None = None  # [max_batch, H] draft output of each row's last committed pair
+        self._drafted: _Drafted | None = None
+        self._static_masks: dict = {}
+
+    # ------------------------------------------------------------------------------- engine protocol
+
+    def reserve(self, max_batch: int, max_len: int) -> None:
+        self.cache = None
+        self.cache = self.head.new_cache(max_batch, max_len + self._draft_slack)
+        self.last_h = torch.zeros(max_batch, self.head.config.hidden_size, dtype=self.head.dtype,
+                                  device=self.head.device)
+
+    def release(self, rows: Tensor) -> None:
+        self.cache.reset(rows)
+
+    def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor) -> None:
+        """Encode the prompt pairs (f_i, t_{i+1}), i < P, with the last pair using the pending token."""
+        B, T = tokens.shape
+        h = self.head.fuse(self.head.target_feature(out).to(self.head.dtype))  # [B, T, H]
+        shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, T]: t_{i+1}
+        shifted.scatter_(1, (lengths - 1)[:, None], pending[:, None])
+        positions = torch.arange(T, device=tokens.device).expand(B, T)
+        o = self.head(h, shifted, positions, self.cache, rows=rows)  # [B, T, H]
+        self.cache.advance(rows, lengths)
+        self.last_h[rows] = o.gather(1, (lengths - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+
+    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor) -> DraftTree:
+        cfg = self.dispatcher.pick(int(rows.numel()))
+        draft = {"chain": self._draft_chain, "static": self._draft_static, "dynamic": self._draft_dynamic}
+        tree, node_slot = draft[cfg.kind](cfg, rows, pending, prefix_lengths)
+        self._drafted = _Drafted(prefix_lengths, node_slot)
+        return tree
+
+    def commit(self, rows: Tensor, tree: DraftTree, verdict, out) -> None:
+        """Append the accepted pairs to the draft cache and refresh last_h (see the module docstring)."""
+        d = self._drafted
+        B, D1 = verdict.path.shape  # path [B, D+1]: root first, -1 padded
+        k = verdict.n_accepted  # [B]
+        path = verdict.path.clamp(min=0)
+        j = torch.arange(D1, device=path.device)[None, :]  # [1, D+1] pair index
+        # Pair j = (f_{path[j]}, token of path[j+1]) for j < k, (f_{path[k]}, bonus) for j = k.
+        next_tok = torch.cat([tree.tokens.gather(1, path[:, 1:]), verdict.bonus[:, None]], dim=1)  # [B, D+1]
+        next_tok = torch.where(j == k[:, None], verdict.bonus[:, None], next_tok)
+        if self.alignment == "last":
+            # Drafted pairs of accepted nodes a_1..a_m (m = length of the drafted prefix of the path) are kept.
+            slot = d.node_slot.gather(1, path[:, 1:])  # [B, D] drafted slot of a_{j+1}'s pair, -1 if none
+            have = (slot >= 0) & (j[:, :-1] < k[:, None])  # [B, D]
+            m = have.long().cumprod(dim=1).sum(dim=1)  # [B] leading accepted nodes with a drafted pair
+            self.cache.compact(rows, d.prefix[:, None] + slot.clamp(min=0), m)
+        else:
+            m = torch.zeros_like(k)
+        # Re-encode pairs m..k with the target's true features.
+        n_new = k + 1 - m  # [B] >= 1
+        T = int(n_new.max())
+        idx = (m[:, None] + torch.arange(T, device=path.device)[None, :]).clamp(max=D1 - 1)  # [B, T] pair ids
+        feats = self.head.target_feature(out).to(self.head.dtype)  # [B, N, F]
+        f = feats.gather(1, path.gather(1, idx)[:, :, None].expand(B, T, feats.shape[-1]))  # [B, T, F]
+        toks = next_tok.gather(1, idx)  # [B, T]
+        positions = d.prefix[:, None] + idx  # pair j sits at the position of its feature, P + j
+        o = self.head(self.head.fuse(f), toks, positions, self.cache, rows=rows)  # [B, T, H]
+        self.cache.advance(rows, n_new)
+        self.last_h[rows] = o.gather(1, (n_new - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+
+    # ------------------------------------------------------------------------------------ drafting
+
+    def _topk(self, o: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """o [..., H] -> (target token ids [..., k], log-probs [..., k]) of the draft distribution."""
+        logp = torch.log_softmax(self.head.logits(o).float(), dim=-1)
+        lp, ids = logp.topk(k, dim=-1)
+        return self.head.to_target_ids(ids), lp
+
+    def _forward_level(self, rows: Tensor, prefix: Tensor, parent_h: Tensor, tokens: Tensor, depth: int,
+                       mask: Tensor) -> Tensor:
+        """Draft pairs (parent_h, tokens) [B, K] of nodes at `depth` >= 1; mask [B, K, W]: the drafted slots
+        (from P) each node sees, the K new ones last. Returns outputs [B, K, H]."""
+        B, K = tokens.shape
+        positions = (prefix + depth - 1)[:, None].expand(B, K)
+        return self.head(parent_h, tokens, positions, self.cache, rows=rows, block_mask=mask)
+
+    def _draft_chain(self, cfg: TreeConfig, rows, pending, prefix):
+        B, K = rows.numel(), cfg.depth
+        h = self.last_h[rows][:, None]  # [B, 1, H]
+        toks, lps = [], []
+        for d in range(1, K + 1):
+            if d > 1:
+                mask = torch.ones(B, 1, d - 1, dtype=torch.bool, device=rows.device)
+                h = self._forward_level(rows, prefix, h, toks[-1], d - 1, mask)
+            t, lp = self._topk(h, 1)  # [B, 1, 1]
+            toks.append(t[:, :, 0])
+            lps.append(lp[:, :, 0])
+        tree = chain_tree(pending, torch.cat(toks, 1), torch.cat(lps, 1))
+        node_slot = torch.arange(-1, K, device=rows.device).expand(B, K + 1).clone()  # node j -> slot j-1
+        node_slot[:, 0] = -1
+        node_slot[:, K] = -1  # the last node is never expanded
+        return tree, node_slot
+
+    def _static_level_masks(self, cfg: TreeConfig, device) -> list[Tensor]:
+        """Per drafting level d >= 1: bool [E_d, W_d] ancestor-or-self among drafted (expanded) nodes."""
+        key = (cfg, device)
+        if key not in self._static_masks:
+            shape = cfg.shape()
+            parents = shape.parents_tensor(device)[None]  # [1, N]
+            anc = tree_mask(parents, torch.ones_like(parents, dtype=torch.bool))[0]  # [N, N]
+            drafted: list[int] = []
+            masks = []
+            for lv in shape.levels[1:]:
+                drafted += list(lv.expanded)
+                idx = torch.tensor(drafted, device=device)
+                masks.append(anc[idx[-len(lv.expanded):]][:, idx])  # [E_d, W_d]
+            self._static_masks[key] = (masks, drafted)
+        return self._static_masks[key]
+
+    def _draft_static(self, cfg: TreeConfig, rows, pending, prefix):
+        shape = cfg.shape()
+        B = rows.numel()
+        masks, drafted = self._static_level_masks(cfg, rows.device)
+        h_prev = self.last_h[rows][:, None]  # [B, 1, H] outputs of the previous level's expanded nodes
+        tok_prev = None
+        level_tokens, level_logp = [], []
+        for lv in shape.levels:
+            if lv.depth > 0:
+                slot = torch.tensor(lv.parent_slot, device=rows.device)
+                rank = torch.tensor(lv.rank, device=rows.device)
+                tokens = tok_prev[:, slot, rank]  # [B, E]
+                mask = masks[lv.depth - 1].expand(B, -1, -1)
+                h_prev = self._forward_level(rows, prefix, h_prev[:, slot], tokens, lv.depth, mask)
+            tok_prev, lp = self._topk(h_prev, lv.topk)  # [B, E, topk]
+            level_tokens.append(tok_prev)
+            level_logp.append(lp)
+        tree = expand_static(shape, pending, level_tokens, level_logp)
+        node_slot = torch.full((B, shape.num_nodes), -1, dtype=torch.long, device=rows.device)
+        node_slot[:, drafted] = torch.arange(len(drafted), device=rows.device)
+        return tree, node_slot
+
+    def _draft_dynamic(self, cfg: TreeConfig, rows, pending, prefix):
+        builder = cfg.builder()
+        B = rows.numel()
+        frontier = builder.root(pending)
+        h = self.last_h[rows][:, None]  # [B, 1, H]
+        drafted_ids = []  # builder candidate ids of the drafted (forwarded) frontiers, in slot order
+        for level in range(cfg.depth):
+            if level > 0:
+                h = self._forward_level(rows, prefix, h[torch.arange(B, device=rows.device)[:, None],
+                                                        frontier.parent_slot],
+                                        frontier.tokens, frontier.depth, frontier.mask[:, :, 1:])
+                drafted_ids.append(frontier.ids)
+            t, lp = self._topk(h, cfg.topk)  # [B, K, topk]
+            frontier = builder.add_level(t, lp)
+        tree = builder.build()
+        node_slot = torch.full((B, tree.tokens.shape[1]), -1, dtype=torch.long, device=rows.device)
+        if drafted_ids:
+            ids = torch.cat(drafted_ids, dim=1)  # [B, W]
+            cand_slot = torch.full((B, builder.num_candidates + 1), -1, dtype=torch.long, device=rows.device)
+            cand_slot.scatter_(1, ids, torch.arange(ids.shape[1], device=rows.device).expand(B, -1))
+            node_slot = torch.where(tree.valid, cand_slot.gather(1, builder.kept_ids), -1)
+        return tree, node_slot
+
+
+class ReplayProposer:
+    """Proposes the known continuation of each prompt as a chain (zero draft cost when it is right).
+
+    Used by tests (a drafter that knows the answer gets everything accepted) and by the engine-overhead
+    benchmark. `continuations` maps a prompt (tuple of token ids) to the tokens it should continue with.
+    """
+
+    hidden_indices: tuple[int, ...] = ()
+
+    def __init__(self, continuations: dict[tuple[int, ...], list[int]], depth: int):
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.depth = depth
+        self.max_tree_nodes = depth + 1
+        self.continuations = {tuple(k): list(v) for k, v in continuations.items()}
+        self._rows: dict[int, tuple[list[int], int]] = {}  # row -> (continuation, prompt length)
+
+    def reserve(self, max_batch: int, max_len: int) -> None:
+        self._rows.clear()
+
+    def release(self, rows: Tensor) -> None:
+        for r in rows.tolist():
+            self._rows.pop(r, None)
+
+    def prefill(self, rows, tokens, lengths, out, pending) -> None:
+        for r, t, n in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
+            self._rows[r] = (self.continuations.get(tuple(t[:n]), []), n)
+
+    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor) -> DraftTree:
+        drafts = []
+        for r, p in zip(rows.tolist(), prefix_lengths.tolist()):
+            cont, n = self._rows[r]
+            g = p - n + 1  # generated so far, the pending token included
+            nxt = cont[g : g + self.depth]
+            drafts.append(nxt + [0] * (self.depth - len(nxt)))
+        toks = torch.tensor(drafts, dtype=torch.long, device=pending.device)
+        return chain_tree(pending, toks, torch.zeros(toks.shape, device=pending.device))
+
+    def commit(self, rows, tree, verdict, out) -> None:
+        pass
