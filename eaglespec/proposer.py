@@ -47,11 +47,26 @@ class _Drafted:
 class EagleProposer:
     """Drafts trees with an EAGLE head; the tree shape per step comes from a dispatcher keyed by batch size."""
 
-    def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeConfig, alignment: Alignment = "stable"):
+    def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeConfig, alignment: Alignment = "stable",
+                 draft_temperature: float = 0.0, seed: int | None = None):
+        """draft_temperature: 0 = children are the draft's top-k tokens (valid at any target temperature);
+        > 0 = children are SAMPLED without replacement from softmax(draft logits / draft_temperature) and
+        verified with the sampled-children rule (chain and static trees only: a dynamic tree's rerank may
+        drop an earlier-sampled sibling while keeping a later one, which that rule does not allow)."""
         if alignment not in ("stable", "last"):
             raise ValueError(f"alignment must be 'stable' or 'last', got {alignment!r}")
         self.head = head
         self.dispatcher = trees if isinstance(trees, TreeDispatcher) else TreeDispatcher({1: trees})
+        if draft_temperature < 0:
+            raise ValueError(f"draft_temperature must be >= 0, got {draft_temperature}")
+        if draft_temperature > 0 and any(c.kind == "dynamic" for c in self.dispatcher.configs):
+            raise ValueError("draft sampling (draft_temperature > 0) needs chain or static trees: a dynamic "
+                             "tree's rerank can break the sampled-children order")
+        self.draft_temperature = draft_temperature
+        self.generator = None
+        if draft_temperature > 0:
+            self.generator = torch.Generator(device=head.device)
+            self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
         self.alignment = alignment
         self.hidden_indices = head.hidden_indices
         self.max_tree_nodes = max(c.num_nodes for c in self.dispatcher.configs)
@@ -123,11 +138,28 @@ class EagleProposer:
 
     # ------------------------------------------------------------------------------------ drafting
 
-    def _topk(self, o: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """o [..., H] -> (target token ids [..., k], log-probs [..., k]) of the draft distribution."""
-        logp = torch.log_softmax(self.head.logits(o).float(), dim=-1)
-        lp, ids = logp.topk(k, dim=-1)
-        return self.head.to_target_ids(ids), lp
+    def _topk(self, o: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """o [B, K, H] -> children of each node: target token ids [B, K, k], their draft log-probs
+        [B, K, k] and, when sampling, the distribution q they were drawn from in TARGET vocab [B, K, V]."""
+        logits = self.head.logits(o).float()  # [B, K, V'] draft vocabulary
+        if self.draft_temperature == 0:
+            lp, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+            return self.head.to_target_ids(ids), lp, None
+        logq = torch.log_softmax(logits / self.draft_temperature, dim=-1)
+        # Gumbel-top-k: k draws without replacement, in draw order.
+        u = torch.rand(logq.shape, generator=self.generator, device=logq.device).clamp_(1e-20, 1.0)
+        ids = (logq - torch.log(-torch.log(u))).topk(k, dim=-1).indices  # [B, K, k]
+        q = torch.zeros(*logq.shape[:-1], self.head.config.vocab_size, device=logq.device)  # [B, K, V]
+        q[..., self._draft_to_target()] = logq.exp()
+        return self.head.to_target_ids(ids), logq.gather(-1, ids), q
+
+    def _draft_to_target(self) -> Tensor:
+        """Target id of every draft-vocabulary id [V']."""
+        if getattr(self, "_d2t_ids", None) is None or self._d2t_ids.device != self.head.device:
+            n = self.head.logits(torch.zeros(1, 1, self.head.config.hidden_size, dtype=self.head.dtype,
+                                             device=self.head.device)).shape[-1]
+            self._d2t_ids = self.head.to_target_ids(torch.arange(n, device=self.head.device))
+        return self._d2t_ids
 
     def _forward_level(self, rows: Tensor, prefix: Tensor, parent_h: Tensor, tokens: Tensor, depth: int,
                        mask: Tensor) -> Tensor:
@@ -140,15 +172,19 @@ class EagleProposer:
     def _draft_chain(self, cfg: TreeConfig, rows, pending, prefix):
         B, K = rows.numel(), cfg.depth
         h = self.last_h[rows][:, None]  # [B, 1, H]
-        toks, lps = [], []
+        toks, lps, qs = [], [], []
         for d in range(1, K + 1):
             if d > 1:
                 mask = torch.ones(B, 1, d - 1, dtype=torch.bool, device=rows.device)
                 h = self._forward_level(rows, prefix, h, toks[-1], d - 1, mask)
-            t, lp = self._topk(h, 1)  # [B, 1, 1]
+            t, lp, q = self._topk(h, 1)  # [B, 1, 1]
             toks.append(t[:, :, 0])
             lps.append(lp[:, :, 0])
-        tree = chain_tree(pending, torch.cat(toks, 1), torch.cat(lps, 1))
+            qs.append(q)
+        draft_q = None
+        if qs[0] is not None:  # node i's children were drawn from qs[i]; the leaf has none
+            draft_q = torch.cat(qs + [torch.zeros_like(qs[0])], dim=1)  # [B, K + 1, V]
+        tree = chain_tree(pending, torch.cat(toks, 1), torch.cat(lps, 1), draft_q)
         node_slot = torch.arange(-1, K, device=rows.device).expand(B, K + 1).clone()  # node j -> slot j-1
         node_slot[:, 0] = -1
         node_slot[:, K] = -1  # the last node is never expanded
@@ -177,6 +213,7 @@ class EagleProposer:
         h_prev = self.last_h[rows][:, None]  # [B, 1, H] outputs of the previous level's expanded nodes
         tok_prev = None
         level_tokens, level_logp = [], []
+        draft_q = None
         for lv in shape.levels:
             if lv.depth > 0:
                 slot = torch.tensor(lv.parent_slot, device=rows.device)
@@ -184,10 +221,14 @@ class EagleProposer:
                 tokens = tok_prev[:, slot, rank]  # [B, E]
                 mask = masks[lv.depth - 1].expand(B, -1, -1)
                 h_prev = self._forward_level(rows, prefix, h_prev[:, slot], tokens, lv.depth, mask)
-            tok_prev, lp = self._topk(h_prev, lv.topk)  # [B, E, topk]
+            tok_prev, lp, q = self._topk(h_prev, lv.topk)  # [B, E, topk]
             level_tokens.append(tok_prev)
             level_logp.append(lp)
-        tree = expand_static(shape, pending, level_tokens, level_logp)
+            if q is not None:  # the expanded nodes' children were drawn from q [B, E, V]
+                if draft_q is None:
+                    draft_q = torch.zeros(B, shape.num_nodes, q.shape[-1], device=q.device)
+                draft_q[:, list(lv.expanded)] = q
+        tree = expand_static(shape, pending, level_tokens, level_logp, draft_q)
         node_slot = torch.full((B, shape.num_nodes), -1, dtype=torch.long, device=rows.device)
         node_slot[:, drafted] = torch.arange(len(drafted), device=rows.device)
         return tree, node_slot
@@ -204,7 +245,7 @@ class EagleProposer:
                                                         frontier.parent_slot],
                                         frontier.tokens, frontier.depth, frontier.mask[:, :, 1:])
                 drafted_ids.append(frontier.ids)
-            t, lp = self._topk(h, cfg.topk)  # [B, K, topk]
+            t, lp, _ = self._topk(h, cfg.topk)  # [B, K, topk]
             frontier = builder.add_level(t, lp)
         tree = builder.build()
         node_slot = torch.full((B, tree.tokens.shape[1]), -1, dtype=torch.long, device=rows.device)

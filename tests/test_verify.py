@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sampling import P_VALUE_MIN, chi_square
+from stats import P_VALUE_MIN, chi_square
 
 from eaglespec import verify
 from eaglespec.sampling import process_logits, sample_from_probs
