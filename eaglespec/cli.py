@@ -79,7 +79,33 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    _add_draft_args(p)
     p.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up run")
+
+
+def _add_draft_args(p: argparse.ArgumentParser) -> None:
+    d = p.add_argument_group("speculative decoding")
+    d.add_argument("--draft", default=None,
+                   help="EAGLE head directory, or 'none' for vanilla decoding (default: the shipped head for "
+                        "the default model)")
+    d.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
+                   help="draft tree: auto = picked by batch size from the dispatcher table")
+    d.add_argument("--depth", type=int, default=None, help="chain length / dynamic tree depth")
+    d.add_argument("--topk", type=int, default=None, help="dynamic tree: children and expansions per level")
+    d.add_argument("--tree-tokens", type=int, default=None, help="dynamic tree: draft nodes kept")
+    d.add_argument("--tree-paths", default=None, help="static tree as JSON top-k rank paths")
+    d.add_argument("--draft-temperature", type=float, default=0.0,
+                   help="0 = top-k draft children; > 0 = children sampled from the draft (chain/static)")
+    d.add_argument("--draft-alignment", default="stable", choices=["stable", "last"],
+                   help="draft KV after verification: re-encode accepted tokens (stable) or only the tail (last)")
+
+
+def draft_options(args: argparse.Namespace):
+    from .speculative import DraftOptions
+
+    return DraftOptions(draft=args.draft, tree=args.tree, depth=args.depth, topk=args.topk,
+                        tree_tokens=args.tree_tokens, tree_paths=args.tree_paths,
+                        draft_temperature=args.draft_temperature, alignment=args.draft_alignment, seed=args.seed)
 
 
 def _completion_record(c, prompt: str) -> dict:
@@ -108,6 +134,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from .generate import Engine, Request
     from .loading import load_target
+    from .speculative import build_proposer
 
     prompts = list(args.prompt)
     if args.prompts_file:
@@ -129,7 +156,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     log.info("loaded %s (%s, %s) in %.1f s", target.name, args.dtype, args.device, time.perf_counter() - t0)
     ids = [encode_prompt(target.tokenizer, p, chat=not args.raw) for p in prompts]
-    engine = Engine(target, proposer=None, max_batch_size=args.batch_size)
+    proposer = build_proposer(target, draft_options(args))
+    if proposer is not None:
+        log.info("speculative decoding with %s, trees %s", args.draft or "the shipped head", proposer.dispatcher)
+    engine = Engine(target, proposer=proposer, max_batch_size=args.batch_size)
     requests = [Request(x, cfg) for x in ids]
     with torch.inference_mode():
         if not args.no_warmup:
@@ -157,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for prompts")
     _add_generate_args(g)
     g.set_defaults(func=cmd_generate)
+    __import__("eaglespec.cli_train", fromlist=["register"]).register(sub)
     return parser
 
 

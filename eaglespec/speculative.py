@@ -1,0 +1,104 @@
+"""Speculation options shared by the CLI, the benchmark and the server: which head, which tree.
+
+`DraftOptions` is the typed form of `--draft/--tree/--depth/--topk/--tree-tokens/--draft-temperature/
+--draft-alignment`; `build_proposer` turns it into an `EagleProposer` (or None for vanilla decoding).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from .tree import DEFAULT_TREE_TABLE, EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
+
+log = logging.getLogger(__name__)
+
+# The head shipped for the default model (trained by `eaglespec train`, see docs/TRAINING.md).
+SHIPPED_HEAD_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-eagle"
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    draft: str | None = None
+    """Head directory; None = the shipped head for the default model (vanilla if there is none); "none" =
+    vanilla decoding."""
+    tree: str = "auto"
+    """"chain", "static" (EAGLE-1 tree, or `tree_paths`), "dynamic" (EAGLE-2), or "auto": the dispatcher
+    table that picks the tree by batch size."""
+    depth: int | None = None
+    """Chain length / dynamic-tree depth (default: chain 4, dynamic 5)."""
+    topk: int | None = None
+    """Dynamic tree: children per expanded node and nodes expanded per level (default 4)."""
+    tree_tokens: int | None = None
+    """Dynamic tree: draft nodes kept after reranking (default 16)."""
+    tree_paths: str | None = None
+    """Static tree as a JSON list of top-k rank paths, e.g. "[[0],[1],[0,0]]"."""
+    draft_temperature: float = 0.0
+    """0 = draft top-k children; > 0 = sample children from the draft (chain/static trees)."""
+    alignment: str = "stable"
+    """Draft-KV alignment after verification: "stable" (re-encode accepted tokens with true features) or
+    "last" (keep drafted K/V, re-encode only the tail; Meta)."""
+    seed: int | None = None
+
+    def tree_config(self) -> TreeDispatcher:
+        if self.tree == "auto":
+            if any(v is not None for v in (self.depth, self.topk, self.tree_tokens, self.tree_paths)):
+                raise ValueError("--depth/--topk/--tree-tokens/--tree-paths need an explicit --tree "
+                                 "(chain, static or dynamic), not auto")
+            return TreeDispatcher(DEFAULT_TREE_TABLE)
+        if self.tree == "chain":
+            self._refuse("chain", topk=self.topk, tree_tokens=self.tree_tokens, tree_paths=self.tree_paths)
+            return TreeDispatcher({1: TreeConfig.chain(self.depth or 4)})
+        if self.tree == "static":
+            self._refuse("static", depth=self.depth, topk=self.topk, tree_tokens=self.tree_tokens)
+            paths = EAGLE1_TREE_PATHS
+            if self.tree_paths is not None:
+                try:
+                    paths = json.loads(self.tree_paths)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"--tree-paths is not valid JSON: {e.msg}") from None
+            return TreeDispatcher({1: TreeConfig.static(paths)})
+        if self.tree == "dynamic":
+            self._refuse("dynamic", tree_paths=self.tree_paths)
+            return TreeDispatcher({1: TreeConfig.dynamic(topk=self.topk or 4, depth=self.depth or 5,
+                                                         tree_tokens=self.tree_tokens or 16)})
+        raise ValueError(f"--tree must be chain, static, dynamic or auto, got {self.tree!r}")
+
+    @staticmethod
+    def _refuse(kind: str, **given) -> None:
+        bad = [k.replace("_", "-") for k, v in given.items() if v is not None]
+        if bad:
+            raise ValueError(f"--{', --'.join(bad)} do(es) not apply to a {kind} tree")
+
+
+def resolve_head_dir(opts: DraftOptions, target) -> Path | None:
+    """The head directory to use, or None for vanilla decoding."""
+    if opts.draft is not None:
+        if opts.draft.lower() == "none":
+            return None
+        path = Path(opts.draft).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"--draft {opts.draft}: no such directory (expected config.json + model.safetensors)")
+        return path
+    if getattr(target, "source", None) is not None and target.source.kind == "default":
+        if (SHIPPED_HEAD_DIR / "config.json").is_file():
+            return SHIPPED_HEAD_DIR
+        log.warning("no shipped draft head found at %s: decoding without speculation", SHIPPED_HEAD_DIR)
+    return None
+
+
+def build_proposer(target, opts: DraftOptions, dtype=None):
+    """An EagleProposer for `opts` (None = vanilla). The head is loaded strictly against the target."""
+    from .heads import load_head
+    from .proposer import EagleProposer
+
+    head_dir = resolve_head_dir(opts, target)
+    trees = opts.tree_config()  # validate tree options even when decoding without a head
+    if head_dir is None:
+        return None
+    head = load_head(head_dir, target.model, dtype=dtype or target.model.dtype, device=target.model.device)
+    head.eval()
+    return EagleProposer(head, trees, alignment=opts.alignment, draft_temperature=opts.draft_temperature,
+                         seed=opts.seed)

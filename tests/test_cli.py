@@ -1,0 +1,92 @@
+"""`eaglespec generate` end to end on a tiny HF model directory: JSON fields, speculation flags, errors."""
+
+import json
+
+import pytest
+import torch
+
+from eaglespec.cli import main
+from helpers import tiny_hf_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_hf_model("llama").save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def head_dir(model_dir, tmp_path_factory):
+    from eaglespec.heads import DraftHead, save_head
+    from eaglespec.loading import load_target
+
+    target = load_target(str(model_dir))
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("head")
+    save_head(DraftHead.for_target(target.model, "eagle3", draft_vocab_size=64), d)
+    return d
+
+
+def run_json(capsys, *argv):
+    assert main(["generate", *argv, "--json", "--no-warmup"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+FIELDS = {"text", "token_ids", "new_tokens", "target_forwards", "wall_s", "tokens_per_s", "mean_accept_len",
+          "accepted_per_position", "draft_s", "verify_s", "finish_reason", "prompt_tokens"}
+
+
+def test_generate_json_vanilla_and_speculative_agree(capsys, model_dir, head_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "turns": ["The quick brown fox", "second turn"]}) + "\n"
+                       + json.dumps({"prompt": "def add(a, b):"}) + "\n")
+    common = ["--model", str(model_dir), "--prompt", "1 2 3 4", "--prompts-file", str(prompts),
+              "--max-new-tokens", "12", "--ignore-eos"]
+    vanilla = run_json(capsys, *common, "--draft", "none", "--batch-size", "2")
+    assert len(vanilla) == 3 and all(FIELDS <= set(r) for r in vanilla)
+    assert [r["prompt"] for r in vanilla] == ["1 2 3 4", "The quick brown fox", "def add(a, b):"]
+    for r in vanilla:
+        assert r["new_tokens"] == len(r["token_ids"]) == 12 and r["target_forwards"] == 11
+        assert r["mean_accept_len"] == 1.0 and r["finish_reason"] == "length"
+    for tree in (["--tree", "chain", "--depth", "3"], ["--tree", "dynamic", "--depth", "3", "--topk", "2",
+                                                       "--tree-tokens", "5"], ["--tree", "static"]):
+        spec = run_json(capsys, *common, "--draft", str(head_dir), *tree)
+        assert [r["token_ids"] for r in spec] == [r["token_ids"] for r in vanilla]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompt", "   "], "empty prompt"),
+    (["--prompt", "hi", "--max-new-tokens", "-3"], "max-new-tokens"),
+    (["--prompt", "hi", "--temperature", "-1"], "temperature"),
+    (["--prompt", "hi", "--top-p", "1.5"], "top_p"),
+    ([], "no prompts"),
+    (["--prompts-file", "/nonexistent.jsonl"], "no such file"),
+    (["--prompt", "hi", "--draft", "/nonexistent-head"], "no such directory"),
+    (["--prompt", "hi", "--tree", "chain", "--topk", "3"], "topk"),
+])
+def test_bad_input_is_a_clear_error(capsys, model_dir, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--model", str(model_dir), "--no-warmup", *argv])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_prompts_file_names_the_line(capsys, model_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"foo": 1}\n')
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", str(model_dir), "--prompts-file", str(bad)])
+    assert "bad.jsonl:2" in capsys.readouterr().err
+
+
+def test_unsupported_architecture_is_refused(capsys, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=320)).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", str(tmp_path), "--prompt", "hi", "--no-warmup"])
+    err = capsys.readouterr().err
+    assert "gpt2" in err.lower() and "llama" in err.lower()
