@@ -1,0 +1,655 @@
+"""Our own forward pass for Llama-family decoders (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2, Qwen3).
+
+Weights come from an HF-named state dict; q/k/v and gate/up are fused at load time into one matmul each.
+Every per-step input is an argument of ``Transformer.forward``: tokens, rotary positions, cache rows,
+the block (tree) mask and which rows need logits. See docs/ARCHITECTURE.md for the contract.
+
+Reusable pieces for draft heads: ``rms_norm`` / ``RMSNorm``, ``Rotary`` + ``apply_rotary``,
+``plan_attention`` + ``cached_attention`` (attention of new tokens over a ``KVCache``).
+
+Sliding-window attention (Mistral, Qwen with ``use_sliding_window``) is not implemented in the mask:
+while the context fits in the window it is identical to full attention, and a forward that would make
+a row longer than the window raises ``ContextOverflowError``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eaglespec.kvcache import ContextOverflowError, KVCache
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "SUPPORTED_MODEL_TYPES",
+    "SUPPORTED_ROPE_TYPES",
+    "AttentionPlan",
+    "DecoderLayer",
+    "ForwardOutput",
+    "ModelArgs",
+    "RMSNorm",
+    "Rotary",
+    "StateDictMismatchError",
+    "Transformer",
+    "UnsupportedModelError",
+    "apply_rotary",
+    "cached_attention",
+    "plan_attention",
+    "rms_norm",
+]
+
+SUPPORTED_MODEL_TYPES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(SUPPORTED_MODEL_TYPES.values())
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
+
+# Rotary tables are precomputed up to this many positions (or max_position_embeddings if smaller);
+# positions beyond are computed on the fly. Keeps 128k-context configs from allocating ~100 MB.
+ROPE_TABLE_MAX = 32768
+
+
+class UnsupportedModelError(ValueError):
+    """The config describes an architecture or feature this runtime does not implement."""
+
+
+class StateDictMismatchError(ValueError):
+    """Missing, unexpected or mis-shaped tensors in a state dict."""
+
+
+def _unsupported(what: str) -> UnsupportedModelError:
+    supported = ", ".join(f"{t} ({a})" for t, a in SUPPORTED_MODEL_TYPES.items())
+    return UnsupportedModelError(
+        f"{what}. Supported model types (architectures): {supported}; rope types: {', '.join(SUPPORTED_ROPE_TYPES)}"
+    )
+
+
+# ================================================================================================ config
+@dataclass(frozen=True)
+class ModelArgs:
+    """Everything the forward needs from an HF config (field names follow HF)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rope_type: str = "default"  # "default" | "linear" | "llama3"
+    rope_factor: float = 1.0  # linear / llama3 scaling factor
+    rope_low_freq_factor: float = 1.0  # llama3 only
+    rope_high_freq_factor: float = 4.0  # llama3 only
+    rope_original_max_position: int = 8192  # llama3 only: pre-training context
+    attention_bias: bool = False  # bias on q/k/v projections
+    o_proj_bias: bool = False  # bias on the output projection (Llama/Qwen3 `attention_bias`, not Qwen2)
+    mlp_bias: bool = False  # bias on gate/up/down
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None  # active attention window; contexts beyond it are refused
+
+    @classmethod
+    def from_hf_config(cls, cfg: Any) -> ModelArgs:
+        """Build from a transformers config object or its dict (v5 ``rope_parameters`` or v4 ``rope_scaling``)."""
+        d: dict[str, Any] = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+        model_type = d.get("model_type")
+        archs = d.get("architectures") or []
+        if not model_type:
+            model_type = next((t for t, a in SUPPORTED_MODEL_TYPES.items() if a in archs), None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise _unsupported(f"unsupported model_type {model_type!r} (architectures {archs})")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise _unsupported(f"unsupported hidden_act {act!r} (only silu)")
+        if float(d.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise _unsupported("partial rotary embeddings are not supported")
+
+        hidden = int(d["hidden_size"])
+        heads = int(d["num_attention_heads"])
+        kv_heads = int(d.get("num_key_value_heads") or heads)
+        head_dim = int(d.get("head_dim") or hidden // heads)
+        n_layers = int(d["num_hidden_layers"])
+        max_pos = int(d.get("max_position_embeddings") or 2048)
+        rope = _rope_fields(d, max_pos)
+        bias = bool(d.get("attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_hidden_layers=n_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(d.get("rms_norm_eps") or 1e-6),
+            max_position_embeddings=max_pos,
+            attention_bias=True if model_type == "qwen2" else (bias and model_type != "mistral"),
+            o_proj_bias=bias and model_type in ("llama", "qwen3"),
+            mlp_bias=bool(d.get("mlp_bias", False)) and model_type == "llama",
+            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            sliding_window=_active_window(d, model_type, n_layers),
+            **rope,
+        )
+
+    def replace(self, **changes: Any) -> ModelArgs:
+        """A copy with some fields changed."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return ModelArgs(**values)
+
+
+def _rope_fields(d: Mapping[str, Any], max_pos: int) -> dict[str, Any]:
+    """RoPE settings from v5 ``rope_parameters`` or v4 ``rope_theta`` + ``rope_scaling``."""
+    params = d.get("rope_parameters") or {}
+    if params and "rope_type" not in params and "rope_theta" not in params:
+        per_layer = list(params.values())  # per-layer-type dicts (e.g. {"full_attention": {...}})
+        if not all(isinstance(p, Mapping) and p == per_layer[0] for p in per_layer):
+            raise _unsupported("per-layer-type RoPE parameters are not supported")
+        params = per_layer[0]
+    params = {**(d.get("rope_scaling") or {}), **params}
+    theta = float(params.get("rope_theta") or d.get("rope_theta") or 10000.0)
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise _unsupported(f"unsupported rope type {rope_type!r}")
+    out: dict[str, Any] = {"rope_theta": theta, "rope_type": rope_type}
+    if rope_type in ("linear", "llama3"):
+        out["rope_factor"] = float(params["factor"])
+    if rope_type == "llama3":
+        out["rope_low_freq_factor"] = float(params["low_freq_factor"])
+        out["rope_high_freq_factor"] = float(params["high_freq_factor"])
+        out["rope_original_max_position"] = int(params.get("original_max_position_embeddings") or max_pos)
+    return out
+
+
+def _active_window(d: Mapping[str, Any], model_type: str, n_layers: int) -> int | None:
+    """The sliding window if any layer uses one, else None."""
+    window = d.get("sliding_window")
+    if not window or model_type == "llama":
+        return None
+    layer_types = d.get("layer_types")
+    if layer_types:
+        unknown = set(layer_types) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise _unsupported(f"unsupported layer types {sorted(unknown)}")
+        return int(window) if "sliding_attention" in layer_types else None
+    if model_type == "mistral":
+        return int(window)
+    if d.get("use_sliding_window") and int(d.get("max_window_layers") or 0) < n_layers:
+        return int(window)
+    return None
+
+
+# =========================================================================================== building blocks
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """HF-style RMSNorm: normalize in float32 over the last dim, cast back, then scale by ``weight``.
+
+    ``weight`` broadcasts against ``x`` (e.g. ``[H]``, or ``[heads, D]`` for per-head norms).
+    """
+    dtype = x.dtype
+    y = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    return weight * y.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm module wrapping ``rms_norm``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(args: ModelArgs) -> Tensor:
+    """float32 ``[D/2]`` inverse frequencies, with linear / llama3 scaling applied (as HF computes them)."""
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if args.rope_type == "linear":
+        inv_freq = inv_freq / args.rope_factor
+    elif args.rope_type == "llama3":
+        factor = args.rope_factor
+        low, high = args.rope_low_freq_factor, args.rope_high_freq_factor
+        old_ctx = args.rope_original_max_position
+        low_freq_wavelen, high_freq_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+class Rotary(nn.Module):
+    """Rotary embedding tables: ``cos`` and ``sin_signed`` float32 ``[P, D]``, indexed by positions.
+
+    ``sin_signed = cat(-sin, sin)`` over the two halves, so that HF's ``x*cos + rotate_half(x)*sin``
+    becomes ``x*cos + roll(x, D/2)*sin_signed`` (same products, same sums, one op fewer).
+    """
+
+    def __init__(self, args: ModelArgs, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.args = args
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)  # [D/2]
+        self.register_buffer("cos", torch.empty(0), persistent=False)  # [P, D]
+        self.register_buffer("sin_signed", torch.empty(0), persistent=False)  # [P, D]
+        self._build(torch.device(device) if device is not None else torch.device("cpu"))
+
+    def _build(self, device: torch.device) -> None:
+        self.inv_freq = rope_inv_freq(self.args).to(device)
+        n = min(self.args.max_position_embeddings, ROPE_TABLE_MAX)
+        self.cos, self.sin_signed = self._tables(torch.arange(n, device=device), self.inv_freq)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001 - torch's signature
+        # Module.to(dtype) / .half() would cast the tables; keep them float32, rebuilt on the new device.
+        super()._apply(fn, recurse)
+        self._build(self.cos.device)
+        return self
+
+    @staticmethod
+    def _tables(positions: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = positions[..., None].float() * inv_freq  # [..., D/2]
+        cos, sin = freqs.cos(), freqs.sin()
+        return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+
+    def forward(self, positions: Tensor, dtype: torch.dtype, max_position: int | None = None) -> tuple[Tensor, Tensor]:
+        """``(cos, sin_signed)`` as ``[B, T, 1, D]`` in ``dtype`` for int64 ``positions`` [B, T].
+
+        ``max_position`` (a host int, if the caller knows it) avoids a device sync for the bounds check.
+        """
+        if max_position is None:
+            max_position = int(positions.max()) if positions.numel() else 0
+        positions = positions.to(self.cos.device)
+        if max_position < self.cos.shape[0]:
+            cos, sin = self.cos[positions], self.sin_signed[positions]  # [B, T, D]
+        else:
+            cos, sin = self._tables(positions, self.inv_freq)
+        return cos.to(dtype)[:, :, None], sin.to(dtype)[:, :, None]
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """Rotate ``x`` [B, T, heads, D] with tables from ``Rotary`` ([B, T, 1, D])."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+
+
+@dataclass
+class AttentionPlan:
+    """Per-forward attention bookkeeping, shared by all layers (built once by ``plan_attention``)."""
+
+    rows: Tensor  # int64 [B] cache rows
+    row_slice: slice | None  # the same rows as a slice when they are contiguous (views instead of gathers)
+    write_slots: Tensor  # int64 [B, T] cache slots of the new tokens
+    uniform_start: int | None  # the common first write slot when every row has the same prefix length
+    n_slots: int  # S: attention runs over cache slots [0, S)
+    mask: Tensor | None  # bool [B or 1, 1, T, S], True = may attend; None = see everything (or causal)
+    is_causal: bool  # plain causal attention with no prefix (S == T)
+    max_position: int | None  # host copy of positions.max(), when positions were given
+
+
+def plan_attention(
+    cache: KVCache,
+    n_new: int,
+    rows: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    positions: Tensor | None = None,
+    batch: int | None = None,
+) -> AttentionPlan:
+    """Where the ``n_new`` tokens of each batch entry go and what every query may see.
+
+    Query t of entry b sees cache slots ``[0, lengths[rows[b]])`` (the committed prefix), plus the block
+    slots ``lengths[rows[b]] + j`` allowed by ``block_mask[b, t, j]`` (None = causal within the block),
+    and always its own slot (so a padding query that sees nothing else is still well defined).
+
+    ``block_mask`` may be wider than the new tokens: [B, T, W] with W >= T. The block is then W slots
+    from ``lengths[rows[b]]``; the T new tokens are its LAST T (written at ``lengths + W - T + t``), the
+    first W - T hold earlier uncommitted tokens (e.g. a draft tree's previous levels), visible only where
+    the mask allows. W == T is the plain case.
+
+    One host sync (the attended length S is a shape): raises ``ContextOverflowError`` if a row would
+    pass ``cache.max_len``. ``positions`` (optional) only contributes its max to that sync, for ``Rotary``;
+    ``batch`` is needed when neither ``rows`` nor ``block_mask`` tells the batch size.
+    """
+    if batch is None:
+        batch = rows.numel() if rows is not None else (block_mask.shape[0] if block_mask is not None else 1)
+    idx = cache.rows_tensor(rows, batch)  # [B]
+    width = n_new if block_mask is None else block_mask.shape[-1]  # W: block slots
+    if width < n_new:
+        raise ValueError(f"block_mask covers {width} block slots but there are {n_new} new tokens")
+    offset = width - n_new  # block slots before the new tokens
+    start = cache.lengths[idx]  # [B] committed prefix per entry
+    stats = [start.max(), start.min()]
+    if rows is not None:
+        stats += [idx[0], (idx.diff() == 1).all() if batch > 1 else torch.ones((), dtype=torch.bool, device=idx.device)]
+    if positions is not None:
+        stats.append(positions.max())
+    host = torch.stack([s.to(device=idx.device, dtype=torch.int64) for s in stats]).tolist()
+    max_start, min_start = host[0], host[1]
+    n_slots = max_start + width
+    if n_slots > cache.max_len:
+        raise cache.overflow_error(idx, width, batch) or ContextOverflowError("context overflow")
+    row_slice = slice(0, batch) if rows is None else (slice(host[2], host[2] + batch) if host[3] else None)
+    max_position = host[-1] if positions is not None else None
+    uniform = max_start == min_start
+    dev = cache.device
+    write_slots = start[:, None] + offset + torch.arange(n_new, device=dev)  # [B, T]
+
+    mask, is_causal = None, False
+    if uniform and offset == 0 and (n_new == 1 or block_mask is None):
+        if n_new == 1:
+            pass  # a single new token per row sees the whole prefix and itself: no mask
+        elif max_start == 0:
+            is_causal = True
+        else:
+            q = torch.arange(n_new, device=dev)[:, None]  # [T, 1]
+            s = torch.arange(n_slots, device=dev)[None, :]  # [1, S]
+            mask = (s <= q + max_start)[None, None]  # [1, 1, T, S]
+    else:
+        rel = torch.arange(n_slots, device=dev)[None, :] - start[:, None]  # [B, S] slot offset from the block
+        in_block = (rel >= 0) & (rel < width)  # [B, S]
+        j = rel.clamp(0, width - 1)[:, None, :]  # [B, 1, S] block column of each slot
+        t = offset + torch.arange(n_new, device=dev)[None, :, None]  # [1, T, 1] block column of each query
+        if block_mask is None:
+            sees_block = j <= t  # [B, T, S]
+        else:
+            bm = block_mask.to(device=dev, dtype=torch.bool)
+            sees_block = bm.gather(2, j.expand(batch, n_new, n_slots)) | (j == t)  # [B, T, S]
+        mask = ((rel < 0)[:, None, :] | (in_block[:, None, :] & sees_block))[:, None]  # [B, 1, T, S]
+    return AttentionPlan(
+        rows=idx,
+        row_slice=row_slice,
+        write_slots=write_slots,
+        uniform_start=max_start + offset if uniform else None,
+        n_slots=n_slots,
+        mask=mask,
+        is_causal=is_causal,
+        max_position=max_position,
+    )
+
+
+def cached_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache: KVCache,
+    layer: int,
+    rows: Tensor | None = None,
+    block_mask: Tensor | None = None,
+    plan: AttentionPlan | None = None,
+) -> Tensor:
+    """Write the new ``k``/``v`` into ``cache`` layer ``layer`` and attend ``q`` over prefix + block.
+
+    Args:
+        q: [B, T, H, D] rotated queries; k, v: [B, T, Hkv, D] (k rotated). H must be a multiple of Hkv.
+        plan: from ``plan_attention`` (build it once per forward); if None it is built from rows/block_mask.
+    Returns:
+        [B, T, H * D] attention output (heads concatenated, ready for the output projection).
+    """
+    batch, n_new, n_heads, head_dim = q.shape
+    if plan is None:
+        plan = plan_attention(cache, n_new, rows, block_mask, batch=batch)
+    k_layer, v_layer = cache.k[layer], cache.v[layer]  # [max_batch, Hkv, max_len, D]
+    if plan.row_slice is not None and plan.uniform_start is not None:
+        dst = slice(plan.uniform_start, plan.uniform_start + n_new)
+        k_layer[plan.row_slice, :, dst] = k.transpose(1, 2)  # [B, Hkv, T, D]
+        v_layer[plan.row_slice, :, dst] = v.transpose(1, 2)
+    else:
+        r = plan.rows[:, None]  # [B, 1] against write_slots [B, T]: values are [B, T, Hkv, D]
+        k_layer[r, :, plan.write_slots] = k
+        v_layer[r, :, plan.write_slots] = v
+    if plan.row_slice is not None:
+        keys = k_layer[plan.row_slice, :, : plan.n_slots]  # [B, Hkv, S, D] view
+        values = v_layer[plan.row_slice, :, : plan.n_slots]
+    else:
+        keys = k_layer[plan.rows, :, : plan.n_slots]  # [B, Hkv, S, D] gathered copy
+        values = v_layer[plan.rows, :, : plan.n_slots]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=plan.mask, is_causal=plan.is_causal, enable_gqa=True
+    )  # [B, H, T, D]
+    return out.transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
+
+
+# =============================================================================================== the model
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer with fused q/k/v and gate/up projections."""
+
+    def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device | str | None) -> None:
+        super().__init__()
+        h, d, nh, nkv, inter = (args.hidden_size, args.head_dim, args.num_attention_heads,
+                                args.num_key_value_heads, args.intermediate_size)
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.n_heads, self.n_kv_heads, self.head_dim, self.eps = nh, nkv, d, args.rms_norm_eps
+        self.attn_norm = param(h)
+        self.wqkv = param((nh + 2 * nkv) * d, h)  # rows: q heads, then k heads, then v heads
+        self.bqkv = param((nh + 2 * nkv) * d) if args.attention_bias else None
+        self.qk_norm = param(nh + nkv, d) if args.qk_norm else None  # q_norm repeated per q head, then k_norm
+        self.wo = param(h, nh * d)
+        self.bo = param(h) if args.o_proj_bias else None
+        self.mlp_norm = param(h)
+        self.w13 = param(2 * inter, h)  # rows: gate, then up
+        self.b13 = param(2 * inter) if args.mlp_bias else None
+        self.w2 = param(h, inter)
+        self.b2 = param(h) if args.mlp_bias else None
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, layer: int,
+                plan: AttentionPlan) -> Tensor:
+        """x: [B, T, H] residual stream in, residual stream out (a new tensor)."""
+        batch, n_new, _ = x.shape
+        nh, nkv = self.n_heads, self.n_kv_heads
+        qkv = F.linear(rms_norm(x, self.attn_norm, self.eps), self.wqkv, self.bqkv)
+        qkv = qkv.view(batch, n_new, nh + 2 * nkv, self.head_dim)  # [B, T, heads, D]
+        qk = qkv[:, :, : nh + nkv]
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, self.eps)
+        qk = apply_rotary(qk, *rope)  # [B, T, H + Hkv, D]
+        attn = cached_attention(qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + nkv:], cache, layer, plan=plan)
+        x = x + F.linear(attn, self.wo, self.bo)
+        gate, up = F.linear(rms_norm(x, self.mlp_norm, self.eps), self.w13, self.b13).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w2, self.b2)
+
+
+@dataclass
+class ForwardOutput:
+    hidden: Tensor  # [B, T, H] final-normed hidden states (what lm_head consumes; EAGLE-1 feature)
+    aux: Tensor | None  # [B, T, len(hidden_indices) * H] pre-norm residual streams, or None
+    logits: Tensor | None  # float32 [B, K, V], or None
+
+
+class Transformer(nn.Module):
+    """Llama-family decoder running on a ``KVCache``; build with ``Transformer.from_state_dict``."""
+
+    def __init__(self, args: ModelArgs, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(
+            args.vocab_size, args.hidden_size,
+            _weight=torch.empty(args.vocab_size, args.hidden_size, dtype=dtype, device=device), _freeze=True)
+        self.layers = nn.ModuleList(DecoderLayer(args, dtype, device) for _ in range(args.num_hidden_layers))
+        self.norm = nn.Parameter(torch.empty(args.hidden_size, dtype=dtype, device=device), requires_grad=False)
+        if args.tie_word_embeddings:
+            self.lm_head_weight = self.embed_tokens.weight  # [V, H], shared
+        else:
+            self.lm_head_weight = nn.Parameter(torch.empty(args.vocab_size, args.hidden_size, dtype=dtype,
+                                                           device=device), requires_grad=False)
+        self.rotary = Rotary(args, device=device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    # ------------------------------------------------------------------------------------------ loading
+    @staticmethod
+    def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+        """HF tensor names and shapes a checkpoint of ``args`` must contain (no more, no fewer)."""
+        h, d, inter, v = args.hidden_size, args.head_dim, args.intermediate_size, args.vocab_size
+        q, kv = args.num_attention_heads * d, args.num_key_value_heads * d
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+        if not args.tie_word_embeddings:
+            shapes["lm_head.weight"] = (v, h)
+        for i in range(args.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes |= {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            }
+            if args.attention_bias:
+                shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)}
+            if args.o_proj_bias:
+                shapes[p + "self_attn.o_proj.bias"] = (h,)
+            if args.mlp_bias:
+                shapes |= {p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
+                           p + "mlp.down_proj.bias": (h,)}
+            if args.qk_norm:
+                shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        return shapes
+
+    @classmethod
+    def from_state_dict(cls, args: ModelArgs, state_dict: Mapping[str, Tensor],
+                        dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Transformer:
+        """Build from HF-named weights, strictly: any missing, unexpected or mis-shaped tensor is an error.
+
+        Tolerated extras: ``lm_head.weight`` of a tied model when it equals the embedding (HF's
+        ``state_dict()`` lists it), and derived ``rotary_emb.inv_freq`` buffers.
+        """
+        sd = dict(state_dict)
+        expected = cls.expected_shapes(args)
+        for name in [n for n in sd if n.endswith("rotary_emb.inv_freq")]:
+            del sd[name]
+        if args.tie_word_embeddings and "lm_head.weight" in sd and "model.embed_tokens.weight" in sd:
+            if not torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"]):
+                raise StateDictMismatchError(
+                    "tie_word_embeddings is set but lm_head.weight differs from model.embed_tokens.weight")
+            del sd["lm_head.weight"]
+        missing = sorted(set(expected) - set(sd))
+        unexpected = sorted(set(sd) - set(expected))
+        misshaped = [f"{n}: got {tuple(sd[n].shape)}, expected {s}" for n, s in expected.items()
+                     if n in sd and tuple(sd[n].shape) != s]
+        if missing or unexpected or misshaped:
+            parts = [f"{label} ({len(items)}): {', '.join(items[:20])}{' ...' if len(items) > 20 else ''}"
+                     for label, items in (("missing", missing), ("unexpected", unexpected),
+                                          ("mis-shaped", misshaped)) if items]
+            raise StateDictMismatchError(f"state dict does not match {args.model_type} config: " + "; ".join(parts))
+
+        model = cls(args, dtype=dtype, device=device)
+        with torch.no_grad():
+            def put(dst: Tensor, *names: str) -> None:
+                dst.copy_(torch.cat([sd[n].reshape(-1) for n in names]).view(dst.shape))
+
+            put(model.embed_tokens.weight, "model.embed_tokens.weight")
+            put(model.norm, "model.norm.weight")
+            if not args.tie_word_embeddings:
+                put(model.lm_head_weight, "lm_head.weight")
+            for i, layer in enumerate(model.layers):
+                p = f"model.layers.{i}."
+                a, m = p + "self_attn.", p + "mlp."
+                put(layer.attn_norm, p + "input_layernorm.weight")
+                put(layer.mlp_norm, p + "post_attention_layernorm.weight")
+                put(layer.wqkv, a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+                put(layer.wo, a + "o_proj.weight")
+                put(layer.w13, m + "gate_proj.weight", m + "up_proj.weight")
+                put(layer.w2, m + "down_proj.weight")
+                if layer.bqkv is not None:
+                    put(layer.bqkv, a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
+                if layer.bo is not None:
+                    put(layer.bo, a + "o_proj.bias")
+                if layer.b13 is not None:
+                    put(layer.b13, m + "gate_proj.bias", m + "up_proj.bias")
+                    put(layer.b2, m + "down_proj.bias")
+                if layer.qk_norm is not None:
+                    qn, kn = sd[a + "q_norm.weight"], sd[a + "k_norm.weight"]
+                    layer.qk_norm.copy_(torch.cat([qn.expand(args.num_attention_heads, -1),
+                                                   kn.expand(args.num_key_value_heads, -1)]))
+        return model
+
+    def new_cache(self, max_batch: int, max_len: int) -> KVCache:
+        """An empty cache sized for this model, in its dtype and on its device."""
+        a = self.args
+        return KVCache(a.num_hidden_layers, max_batch, a.num_key_value_heads, max_len, a.head_dim,
+                       dtype=self.dtype, device=self.device)
+
+    # ------------------------------------------------------------------------------------------ forward
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        rows: Tensor | None = None,
+        block_mask: Tensor | None = None,
+        logits_at: Tensor | Literal["all"] | None = None,
+        hidden_indices: Sequence[int] = (),
+    ) -> ForwardOutput:
+        """Run T new tokens per batch entry over the cache (see docs/ARCHITECTURE.md).
+
+        Args:
+            tokens: int64 [B, T]; positions: int64 [B, T] rotary positions.
+            cache: K/V of the new tokens is written at slots ``lengths[rows[b]] + t``; lengths are not moved.
+            rows: int64 [B] cache rows (None = ``arange(B)``).
+            block_mask: bool [B, T, T], row i may see block row j (None = causal). The committed prefix
+                and the token itself are always visible.
+            logits_at: None (no logits), "all", or int64 [B, K] block indices.
+            hidden_indices: HF ``hidden_states`` indices (0 = embeddings, i = residual after layer i-1).
+        """
+        batch, n_new = tokens.shape
+        n_layers = self.args.num_hidden_layers
+        bad = [i for i in hidden_indices if not 0 <= i <= n_layers]
+        if bad:
+            raise ValueError(f"hidden_indices {bad} out of range [0, {n_layers}]")
+        plan = plan_attention(cache, n_new, rows, block_mask, positions=positions, batch=batch)
+        window = self.args.sliding_window
+        if window is not None and plan.n_slots > window:
+            raise cache.overflow_error(plan.rows, n_new, batch, limit=window, what="the sliding window") \
+                or ContextOverflowError(f"context longer than the sliding window ({window})")
+
+        rope = self.rotary(positions, self.dtype, plan.max_position)
+        x = self.embed_tokens(tokens)  # [B, T, H]
+        wanted = set(hidden_indices)
+        saved: dict[int, Tensor] = {0: x} if 0 in wanted else {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, cache, i, plan)
+            if i + 1 in wanted:
+                saved[i + 1] = x
+        hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)  # [B, T, H]
+        aux = torch.cat([saved[i] for i in hidden_indices], dim=-1) if hidden_indices else None
+
+        logits = None
+        if logits_at is not None:
+            if isinstance(logits_at, str):
+                if logits_at != "all":
+                    raise ValueError(f"logits_at must be None, 'all' or an index tensor, got {logits_at!r}")
+                picked = hidden
+            else:
+                idx = logits_at.to(device=hidden.device, dtype=torch.int64)  # [B, K]
+                picked = hidden.gather(1, idx[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, K, H]
+            logits = F.linear(picked, self.lm_head_weight).float()  # [B, K, V]
+        return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
