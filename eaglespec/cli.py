@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate_args(g)
     g.set_defaults(func=cmd_generate)
     __import__("eaglespec.cli_train", fromlist=["register"]).register(sub)
+    __import__("eaglespec.bench", fromlist=["register"]).register(sub)
+    __import__("eaglespec.report", fromlist=["register"]).register(sub)
+    __import__("eaglespec.diagnose", fromlist=["register"]).register(sub)
     __import__("eaglespec.server", fromlist=["register"]).register(sub)
     return parser
 

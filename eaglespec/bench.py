@@ -1,0 +1,755 @@
+"""`eaglespec bench`: speed and acceptance of every decoding method, measured in one run on the same prompts.
+
+Protocol (docs/BENCHMARKS.md says the same with the commands):
+
+1. Same model weights, precision, device and prompts for every method; the same token budget
+   (`--max-new-tokens`; `--ignore-eos` makes every arm generate exactly that many tokens).
+2. Prompts are asked group by group (`--batch-size` prompts per group) and every method runs the group back
+   to back, vanilla first, so slow drifts of a shared machine hit all methods alike.
+3. Multi-turn sets (MT-bench): turn k is asked after the earlier turns and their answers, through the chat
+   template. The answers in that history are vanilla's (the target's own answers, identical for lossless
+   greedy methods), so every method sees the same turn-k prompt; without vanilla in `--methods` each method
+   uses its own answers.
+4. Warm-up excluded: one short unreported generation (8 tokens) per method, batch size and temperature
+   before the first timed group.
+5. Timing: wall time around prefill + decode of each group (`batch_wall_s`); the engine also reports each
+   sequence's own wall (`wall_s`, admission to last token) and its prefill / draft / verify time. Tokens/s of
+   a method = sum of new tokens / sum over groups of the group wall (batch 1: per prompt).
+6. Every record is appended to `DIR/records.jsonl` and flushed as soon as it exists; `--resume` skips the
+   records already there (key: dataset, question id, turn, method, batch size, temperature, seed).
+7. Greedy runs check that every lossless method produced exactly vanilla's tokens for the same prompt and
+   turn (`mismatch` in the record and the report). Machine facts (CPU, cores, torch threads, torch version,
+   device, GPU, dtype) go into every record.
+
+Methods (`--methods`, comma separated; options of an `eagle:` method may contain commas):
+  vanilla                 the engine without a proposer: the speedup denominator
+  eagle[:OPTS]            EAGLE head + tree (default: the shipped head, dispatcher trees). OPTS: chainK,
+                          static, dynamic, auto, depth=N, topk=N, tokens=N, head=DIR, align=stable|last,
+                          dtemp=X (draft temperature); e.g. eagle:dynamic,depth=6,topk=8,tokens=32
+  hf                      transformers generate() on the same weights and precision
+  hf-prompt-lookup[:N]    transformers prompt-lookup decoding, N draft tokens (default 10); batch 1 only
+  llama.cpp               llama-cpp-python on the default GGUF (skipped when it is not installed)
+  replay:K                a drafter that replays vanilla's tokens in chains of K: the engine's speculative
+                          overhead with zero draft cost (needs vanilla)
+
+`--cost-curve` measures the target's forward latency over N tokens after a prefix, per batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import GenerationConfig, SamplingParams
+
+log = logging.getLogger("eaglespec")
+
+RECORDS_FILE = "records.jsonl"
+RUN_FILE = "run.json"
+COST_FILE = "cost_curve.jsonl"
+KEY_FIELDS = ("dataset", "question_id", "turn", "method", "batch_size", "temperature", "seed")
+# Settings that must not change when a run is resumed (they are not part of the record key).
+RUN_FIXED = ("model", "dtype", "device", "max_new_tokens", "top_p", "ignore_eos", "raw")
+WARMUP_TOKENS = 8
+
+
+class BenchError(ValueError):
+    """A bad benchmark request (unknown method, resume with other settings, ...): reported without a traceback."""
+
+
+# ============================================================================================ methods
+@dataclass(frozen=True)
+class Method:
+    name: str
+    """Canonical text, as written in the records."""
+    kind: str
+    """vanilla, eagle, hf, hf-prompt-lookup, llama.cpp or replay."""
+    draft: Any = None
+    """eagle: the DraftOptions."""
+    k: int = 0
+    """replay: chain length; hf-prompt-lookup: draft tokens."""
+
+    @property
+    def exact(self) -> bool:
+        """Greedy output must equal vanilla's token for token (same weights, lossless decoding)."""
+        return self.kind in ("eagle", "hf", "hf-prompt-lookup", "replay")
+
+
+_METHOD_START = re.compile(r"^(vanilla|eagle(:.*)?|hf|hf-prompt-lookup(:\d+)?|llama\.cpp|replay:\d+)$")
+
+
+def split_methods(text: str) -> list[str]:
+    """Split a comma list of methods; items that start no method continue the previous `eagle:` options."""
+    out: list[str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if _METHOD_START.match(item):
+            out.append(item)
+        elif out and out[-1].startswith("eagle"):
+            out[-1] += ("," if ":" in out[-1] else ":") + item
+        else:
+            raise BenchError(f"unknown method {item!r}: use vanilla, eagle[:opts], hf, hf-prompt-lookup[:N], "
+                             f"llama.cpp or replay:K")
+    return out
+
+
+def parse_method(text: str, seed: int | None = None) -> Method:
+    """`eagle:dynamic,depth=6,topk=8,tokens=32` -> Method(kind="eagle", draft=DraftOptions(...))."""
+    from .speculative import DraftOptions
+
+    kind, _, opts = text.partition(":")
+    if kind in ("vanilla", "hf", "llama.cpp") and not opts:
+        return Method(text, kind)
+    if kind == "replay" and opts.isdigit() and int(opts) >= 1:
+        return Method(text, kind, k=int(opts))
+    if kind == "hf-prompt-lookup" and (not opts or opts.isdigit()):
+        return Method(text, kind, k=int(opts or 10))
+    if kind != "eagle":
+        raise BenchError(f"bad method {text!r}")
+    kw: dict[str, Any] = {"seed": seed}
+    names = {"depth": "depth", "topk": "topk", "tokens": "tree_tokens"}
+    for opt in filter(None, opts.split(",")):
+        key, eq, value = opt.partition("=")
+        try:
+            if opt in ("static", "dynamic", "auto", "chain"):
+                kw["tree"] = opt
+            elif re.fullmatch(r"chain\d+", opt):
+                kw["tree"], kw["depth"] = "chain", int(opt[5:])
+            elif eq and key in names:
+                kw[names[key]] = int(value)
+            elif eq and key == "head":
+                kw["draft"] = value
+            elif eq and key == "align":
+                kw["alignment"] = value
+            elif eq and key == "dtemp":
+                kw["draft_temperature"] = float(value)
+            else:
+                raise BenchError(f"method {text!r}: unknown eagle option {opt!r} (chainK, static, dynamic, auto, "
+                                 f"depth=, topk=, tokens=, head=, align=, dtemp=)")
+        except ValueError as e:
+            raise BenchError(f"method {text!r}: bad value in {opt!r} ({e})") from None
+    opts_obj = DraftOptions(**kw)
+    try:
+        opts_obj.tree_config()
+    except ValueError as e:
+        raise BenchError(f"method {text!r}: {e}") from None
+    if opts_obj.alignment not in ("stable", "last"):
+        raise BenchError(f"method {text!r}: align must be stable or last")
+    return Method(text, "eagle", draft=opts_obj)
+
+
+def parse_methods(texts: Sequence[str], seed: int | None = None) -> list[Method]:
+    """Methods of all `--methods` values, vanilla first, duplicates dropped."""
+    names = list(dict.fromkeys(m for t in texts for m in split_methods(t)))
+    methods = [parse_method(n, seed) for n in names]
+    if any(m.kind == "replay" for m in methods) and not any(m.kind == "vanilla" for m in methods):
+        raise BenchError("replay:K replays vanilla's tokens: add vanilla to --methods")
+    return sorted(methods, key=lambda m: m.kind != "vanilla")
+
+
+# ============================================================================================ machine
+def machine_facts(device: str, dtype: str) -> dict:
+    """CPU model, cores, torch threads and version, device, GPU name, dtype."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    facts = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+             "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+             "dtype": str(dtype)}
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        facts["gpu"] = torch.cuda.get_device_name(device)
+    return facts
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ============================================================================================ runners
+@dataclass
+class Output:
+    """One prompt's result from any runner (None where a runner cannot tell)."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    wall_s: float
+    batch_wall_s: float
+    batch_n: int
+    target_forwards: int | None = None
+    accepted_per_position: list[int] | None = None
+    prefill_s: float | None = None
+    draft_s: float | None = None
+    verify_s: float | None = None
+
+
+class EngineRunner:
+    """Our engine, with or without a proposer (vanilla, eagle, replay)."""
+
+    def __init__(self, target, proposer, batch_size: int):
+        from .generate import Engine
+
+        self.engine = Engine(target, proposer=proposer, max_batch_size=batch_size)
+        self.device = target.model.device
+
+    def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
+        from .generate import Request
+
+        _sync(self.device)
+        t0 = time.perf_counter()
+        done = self.engine.generate([Request(p, c) for p, c in zip(prompts, configs)])
+        _sync(self.device)
+        wall = time.perf_counter() - t0
+        return [Output(c.token_ids, c.text, c.finish_reason, c.stats.wall_s, wall, len(prompts),
+                       c.stats.target_forwards, list(c.stats.accepted_per_position), c.stats.prefill_s,
+                       c.stats.draft_s, c.stats.verify_s) for c in done]
+
+
+def build_hf_model(target, dtype: str, device: str):
+    """transformers' own model class on the target's weights (load_checkpoint) and precision."""
+    from transformers import AutoModelForCausalLM
+
+    from .loading import load_checkpoint
+
+    ckpt = load_checkpoint(target.source, dtype)
+    hf = AutoModelForCausalLM.from_config(ckpt.hf_config, dtype=target.model.dtype)
+    missing, unexpected = hf.load_state_dict(ckpt.state_dict, strict=False)
+    if unexpected or [m for m in missing if m != "lm_head.weight"]:
+        raise RuntimeError(f"HF model weights do not match: missing {missing}, unexpected {unexpected}")
+    if "lm_head.weight" in missing:
+        hf.tie_weights()
+    return hf.to(device).eval()
+
+
+class HFRunner:
+    """transformers `generate()`: plain greedy/sampling, or prompt-lookup decoding (`lookup` > 0)."""
+
+    def __init__(self, hf_model, target, lookup: int = 0):
+        self.model = hf_model
+        self.tokenizer = target.tokenizer
+        self.eos = list(target.eos_token_ids)
+        self.lookup = lookup
+        self.device = hf_model.device
+        self.forwards = 0
+
+    def _count(self, *_) -> None:
+        self.forwards += 1
+
+    def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
+        cfg = configs[0]
+        s = cfg.sampling
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        kw: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens, "pad_token_id": pad,
+                              "eos_token_id": [] if cfg.ignore_eos else self.eos}  # [] = never stop, never mask
+        if s.greedy:
+            kw["do_sample"] = False
+        else:
+            kw.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+            torch.manual_seed(s.seed if s.seed is not None else 0)
+        if self.lookup:
+            kw["prompt_lookup_num_tokens"] = self.lookup
+        self.forwards = 0
+        hook = self.model.register_forward_hook(self._count)  # counts target forwards (prefill included)
+        try:
+            _sync(self.device)
+            t0 = time.perf_counter()
+            out = self.model.generate(input_ids=ids, attention_mask=mask, **kw)
+            _sync(self.device)
+            wall = time.perf_counter() - t0
+        finally:
+            hook.remove()
+        results = []
+        for row in out[:, width:].tolist():
+            stop = next((i for i, t in enumerate(row) if t in self.eos), None)
+            toks = row if cfg.ignore_eos or stop is None else row[: stop + 1]
+            reason = "stop" if not cfg.ignore_eos and stop is not None else "length"
+            forwards = self.forwards - 1 if len(prompts) == 1 else None  # decode forwards (prefill excluded)
+            results.append(Output(toks, self.tokenizer.decode(toks, skip_special_tokens=True), reason, wall, wall,
+                                  len(prompts), target_forwards=forwards))
+        return results
+
+
+class LlamaCppRunner:
+    """llama-cpp-python on the default GGUF, one prompt at a time (its weights are the quantized ones, so its
+    tokens are not expected to equal vanilla's)."""
+
+    def __init__(self, max_len: int, seed: int):
+        from llama_cpp import Llama
+
+        from .loading import default_gguf_path
+
+        self.llm = Llama(model_path=str(default_gguf_path()), n_ctx=max_len, n_threads=torch.get_num_threads(),
+                         seed=seed, verbose=False)
+        self.eos = {self.llm.token_eos()}
+
+    def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
+        cfg = configs[0]
+        s = cfg.sampling
+        t0 = time.perf_counter()
+        toks: list[int] = []
+        for tok in self.llm.generate(prompts[0], temp=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=0.0,
+                                     typical_p=1.0, repeat_penalty=1.0, reset=True):
+            toks.append(int(tok))
+            if len(toks) >= cfg.max_new_tokens or (tok in self.eos and not cfg.ignore_eos):
+                break
+        wall = time.perf_counter() - t0
+        text = self.llm.detokenize(toks).decode("utf-8", errors="replace")
+        reason = "stop" if toks and toks[-1] in self.eos and not cfg.ignore_eos else "length"
+        return [Output(toks, text, reason, wall, wall, 1)]
+
+
+# ============================================================================================ the run
+@dataclass
+class BenchConfig:
+    """One `eaglespec bench` invocation (every field is a flag of the same name)."""
+
+    datasets: list[str]
+    """Dataset files, `PATH` or `NAME=PATH` (see eaglespec/datasets.py for the formats)."""
+    out: str
+    """Output directory: records.jsonl, run.json, report.md, PNG plots."""
+    methods: list[str] = field(default_factory=lambda: ["vanilla,eagle"])
+    model: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    limit: int | None = None
+    """First N questions per dataset (after the category filters)."""
+    limit_per_category: int | None = None
+    """First N questions of each category (e.g. a Spec-Bench subset)."""
+    categories: list[str] | None = None
+    max_turns: int | None = None
+    """Ask at most this many turns of multi-turn questions (None = all)."""
+    max_new_tokens: int = 128
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    top_p: float = 1.0
+    seed: int = 0
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    ignore_eos: bool = False
+    raw: bool = False
+    """Send prompts as plain text instead of through the chat template."""
+    resume: bool = False
+
+
+def request_seed(seed: int, dataset: str, qid: str, turn: int) -> int:
+    """A per-prompt seed that does not depend on batch composition or on what a resumed run skips."""
+    return (seed + zlib.crc32(f"{dataset}/{qid}/{turn}".encode())) % (2**31)
+
+
+def record_key(rec: dict) -> tuple:
+    return tuple(rec[k] for k in KEY_FIELDS)
+
+
+def read_records(path: Path) -> list[dict]:
+    """Records of a records.jsonl; a last line cut short by an interrupted write is ignored."""
+    if not path.is_file():
+        return []
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise BenchError(f"{path}:{i + 1}: not valid JSON") from None
+            log.warning("%s: ignoring a truncated last line", path)
+    return records
+
+
+def first_mismatch(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first differing token (or the shorter length), None when the lists are equal."""
+    if list(tokens) == list(reference):
+        return None
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+
+
+class Bench:
+    """Runs the protocol of the module docstring; `run()` returns the records.jsonl path."""
+
+    def __init__(self, cfg: BenchConfig, target=None):
+        from .datasets import load_questions
+
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.methods = parse_methods(cfg.methods, cfg.seed)
+        if not cfg.datasets:
+            raise BenchError("no --dataset given")
+        if min(cfg.batch_sizes) < 1 or cfg.max_new_tokens < 1 or min(cfg.temperatures) < 0:
+            raise BenchError("--batch-size and --max-new-tokens must be >= 1, --temperature >= 0")
+        self.questions = {}
+        for spec in cfg.datasets:
+            qs = load_questions(spec, cfg.limit, cfg.categories, cfg.max_turns, cfg.limit_per_category)
+            if qs[0].dataset in self.questions:
+                raise BenchError(f"two datasets are named {qs[0].dataset!r}: name them with --dataset NAME=PATH")
+            self.questions[qs[0].dataset] = qs
+        if target is None:
+            from .loading import load_target
+
+            target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device)
+        self.target = target
+        self.dtype = str(target.model.dtype).removeprefix("torch.")  # "bf16" and "bfloat16" alike
+        self.machine = machine_facts(cfg.device, self.dtype)
+        self.results: dict[tuple, dict] = {}  # record key -> record (resumed and new)
+        self.skipped: dict[str, str] = {}  # method -> why
+        self.unavailable = {m.name: why for m in self.methods if (why := self._availability(m)) is not None}
+        self.runners: dict[tuple, Any] = {}  # (method, batch size) -> runner
+        self.warmed: set[tuple] = set()  # (method, batch size, temperature) already warmed up
+        self._hf_model = None
+
+    # ---------------------------------------------------------------------------------- setup
+    def _start(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / RECORDS_FILE
+        settings = {k: getattr(self.cfg, k) for k in RUN_FIXED} | {"model": self.target.name, "dtype": self.dtype}
+        run_file = self.out / RUN_FILE
+        old = read_records(path)
+        if old and not self.cfg.resume:
+            raise BenchError(f"{path} already holds {len(old)} records: pass --resume to continue that run, "
+                             f"or choose another --out")
+        if path.is_file() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            with path.open("rb+") as f:  # drop a line cut short by an interrupted write before appending
+                f.truncate(path.read_bytes().rfind(b"\n") + 1)
+        previous = json.loads(run_file.read_text()) if run_file.is_file() and old else {}
+        changed = {k: (previous["settings"].get(k), v) for k, v in settings.items()
+                   if k in previous.get("settings", {}) and previous["settings"][k] != v}
+        if changed:
+            raise BenchError(f"--resume with settings that differ from the recorded run: {changed}")
+        for rec in old:
+            self.results[record_key(rec)] = rec
+        self.skipped.update(previous.get("skipped", {}))  # a resumed run keeps what earlier parts skipped
+        info = {"settings": settings, "machine": self.machine, "skipped": self.skipped,
+                "methods": list(dict.fromkeys(previous.get("methods", []) + [m.name for m in self.methods])),
+                "datasets": list(dict.fromkeys(previous.get("datasets", []) + self.cfg.datasets))}
+        run_file.write_text(json.dumps(info, indent=2))
+        return path
+
+    def _availability(self, m: Method) -> str | None:
+        """Why method m cannot run here (None = it can)."""
+        if m.kind == "llama.cpp":
+            import importlib.util
+
+            if importlib.util.find_spec("llama_cpp") is None:
+                return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+            if getattr(self.target.source, "kind", None) != "default":
+                return "the llama.cpp arm runs the default GGUF only (use it with the default --model)"
+        if m.kind == "eagle":
+            from .speculative import SHIPPED_HEAD_DIR, resolve_head_dir
+
+            if resolve_head_dir(m.draft, self.target) is None:
+                return f"no draft head: none shipped at {SHIPPED_HEAD_DIR}; give one with eagle:head=DIR"
+        return None
+
+    def _skip(self, m: Method, why: str) -> None:
+        if self.skipped.get(m.name) != why:
+            log.warning("skipping %s: %s", m.name, why)
+            self.skipped[m.name] = why
+            info = json.loads((self.out / RUN_FILE).read_text())
+            info["skipped"] = self.skipped
+            (self.out / RUN_FILE).write_text(json.dumps(info, indent=2))
+
+    def _runner(self, m: Method, batch: int):
+        key = (m.name, batch)
+        if key not in self.runners:
+            t = self.target
+            if m.kind == "vanilla":
+                runner = EngineRunner(t, None, batch)
+            elif m.kind == "eagle":
+                from .speculative import build_proposer
+
+                runner = EngineRunner(t, build_proposer(t, m.draft), batch)
+            elif m.kind == "replay":
+                from .proposer import ReplayProposer
+
+                runner = EngineRunner(t, ReplayProposer({}, m.k), batch)
+            elif m.kind in ("hf", "hf-prompt-lookup"):
+                if self._hf_model is None:
+                    self._hf_model = build_hf_model(t, self.cfg.dtype, self.cfg.device)
+                runner = HFRunner(self._hf_model, t, m.k if m.kind == "hf-prompt-lookup" else 0)
+            else:
+                runner = LlamaCppRunner(t.model.args.max_position_embeddings, self.cfg.seed)
+            self.runners[key] = runner
+        return self.runners[key]
+
+    def _tree(self, m: Method, runner, batch: int) -> tuple[str, int, int]:
+        """(description, nodes incl. root, depth) of the tree the method verifies at this batch size."""
+        if m.kind == "eagle":
+            c = runner.engine.proposer.dispatcher.pick(batch)
+            desc = {"chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
+                    "dynamic": f"dynamic(topk={c.topk},depth={c.depth},tokens={c.tree_tokens})"}[c.kind]
+            return desc, c.num_nodes, c.depth
+        if m.kind in ("replay", "hf-prompt-lookup"):
+            return f"{'chain' if m.kind == 'replay' else 'lookup'}{m.k}", m.k + 1, m.k
+        return "none", 1, 0
+
+    # ---------------------------------------------------------------------------------- the loop
+    def run(self) -> Path:
+        path = self._start()
+        with torch.inference_mode(), path.open("a", encoding="utf-8") as sink:
+            self._sink = sink
+            for batch in self.cfg.batch_sizes:
+                for temp in self.cfg.temperatures:
+                    for questions in self.questions.values():
+                        for turn in range(1, max(len(q.turns) for q in questions) + 1):
+                            asked = [q for q in questions if len(q.turns) >= turn]
+                            for i in range(0, len(asked), batch):
+                                self._group(asked[i : i + batch], turn, batch, temp)
+                self.runners = {}  # free this batch size's engines and caches (a new engine warms up again)
+                self.warmed.clear()
+        return path
+
+    def _history(self, q, turn: int, method: str, batch: int, temp: float) -> list[str] | None:
+        """Answers of turns 1..turn-1 (vanilla's when vanilla runs, else the method's own); None if missing."""
+        source = "vanilla" if any(m.kind == "vanilla" for m in self.methods) else method
+        answers = []
+        for k in range(1, turn):
+            rec = self.results.get((q.dataset, q.question_id, k, source, batch, temp, self.cfg.seed))
+            if rec is None:
+                return None
+            toks = rec["token_ids"]
+            eos = next((i for i, t in enumerate(toks) if t in self.target.eos_token_ids), len(toks))
+            answers.append(self.target.tokenizer.decode(toks[:eos], skip_special_tokens=True).strip())
+        return answers
+
+    def _group(self, group: list, turn: int, batch: int, temp: float) -> None:
+        from .datasets import encode_conversation
+
+        cfg = self.cfg
+        for m in self.methods:
+            why = self.unavailable.get(m.name)
+            if why is None and m.kind == "hf-prompt-lookup" and batch > 1:
+                why = "transformers' prompt lookup runs at batch size 1 only"
+            if why is None and m.kind == "llama.cpp" and batch > 1:
+                why = "the llama.cpp arm runs at batch size 1 only"
+            if why is not None:
+                self._skip(m, why)
+                continue
+            todo, prompts = [], []
+            for q in group:
+                if (q.dataset, q.question_id, turn, m.name, batch, temp, cfg.seed) in self.results:
+                    continue
+                history = self._history(q, turn, m.name, batch, temp)
+                if history is None:
+                    log.warning("%s %s turn %d: no earlier answers recorded; skipped", q.dataset, q.question_id, turn)
+                    continue
+                todo.append(q)
+                prompts.append(encode_conversation(self.target.tokenizer, q.turns[:turn], history, chat=not cfg.raw))
+            if not todo:
+                continue
+            configs = [GenerationConfig(cfg.max_new_tokens,
+                                        SamplingParams(temp, cfg.top_p, 0, request_seed(cfg.seed, q.dataset,
+                                                                                         q.question_id, turn)),
+                                        (), cfg.ignore_eos) for q in todo]
+            runner = self._runner(m, batch)
+            if m.kind == "replay":
+                for q, p in zip(todo, prompts):
+                    ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))
+                    runner.engine.proposer.continuations[tuple(p)] = ref["token_ids"] if ref else []
+            if (m.name, batch, temp) not in self.warmed:  # warm-up: unreported
+                warm = replace(configs[0], max_new_tokens=min(WARMUP_TOKENS, cfg.max_new_tokens), ignore_eos=True)
+                runner.run([prompts[0]] * min(batch, len(prompts)), [warm] * min(batch, len(prompts)))
+                self.warmed.add((m.name, batch, temp))
+            tree = self._tree(m, runner, batch)
+            for i in range(0, len(todo), batch):
+                outs = runner.run(prompts[i : i + batch], configs[i : i + batch])
+                for q, p, o in zip(todo[i : i + batch], prompts[i : i + batch], outs):
+                    self._record(q, turn, m, batch, temp, p, o, tree)
+
+    def _record(self, q, turn: int, m: Method, batch: int, temp: float, prompt: list[int], o: Output,
+                tree: tuple[str, int, int]) -> None:
+        cfg = self.cfg
+        rec = {"dataset": q.dataset, "question_id": q.question_id, "turn": turn, "method": m.name,
+               "batch_size": batch, "temperature": temp, "seed": cfg.seed, "category": q.category,
+               "method_kind": m.kind, "exact": m.exact, "tree": tree[0], "tree_nodes": tree[1], "tree_depth": tree[2],
+               "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "ignore_eos": cfg.ignore_eos,
+               "prompt_tokens": len(prompt), "new_tokens": len(o.token_ids), **asdict(o),
+               "mismatch": None, "first_mismatch": None, "model": self.target.name, "machine": self.machine,
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        for k in ("wall_s", "batch_wall_s", "prefill_s", "draft_s", "verify_s"):
+            if rec[k] is not None:
+                rec[k] = round(rec[k], 6)
+        ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))
+        if temp == 0 and m.exact and ref is not None:
+            rec["first_mismatch"] = first_mismatch(o.token_ids, ref["token_ids"])
+            rec["mismatch"] = rec["first_mismatch"] is not None
+            if rec["mismatch"]:
+                log.warning("MISMATCH %s %s turn %d: %s differs from vanilla at token %d", q.dataset,
+                            q.question_id, turn, m.name, rec["first_mismatch"])
+        self._sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        self._sink.flush()
+        self.results[record_key(rec)] = rec
+        tps = rec["new_tokens"] / o.wall_s if o.wall_s > 0 else 0.0
+        log.info("%s %s t%d b%d T=%g %-14s %4d tok %7.2f s %7.2f tok/s", q.dataset, q.question_id, turn, batch,
+                 temp, m.name, rec["new_tokens"], o.wall_s, tps)
+
+
+# ============================================================================================ cost curve
+def cost_curve(target, n_tokens: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch_sizes: Sequence[int] = (1, 2, 4, 8),
+               prefix: int = 256, repeats: int = 10, warmup: int = 2, on_record=None) -> list[dict]:
+    """Latency of one target forward over N tree-masked tokens after a `prefix`-token context, per batch size.
+
+    Each forward is what verification runs: N new tokens per row with an explicit block mask (a chain; the
+    mask's shape, not its pattern, sets the cost) and logits for every token. Median of `repeats` timed
+    forwards after `warmup` untimed ones; `relative` = median(N) / median(1) at the same batch size.
+    `on_record(rec)` is called as each point is measured.
+    """
+    model = target.model
+    device = model.device
+    vocab = model.args.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    cache = model.new_cache(max(batch_sizes), prefix + max(n_tokens))
+    points = []
+    with torch.inference_mode():
+        for batch in batch_sizes:
+            cache.reset()
+            rows = torch.arange(batch, device=device)
+            ctx = torch.randint(vocab, (batch, prefix), generator=gen).to(device)
+            model(ctx, torch.arange(prefix, device=device).expand(batch, prefix), cache, rows=rows)
+            cache.advance(rows, torch.full((batch,), prefix, device=device))
+            base = None
+            for n in sorted(n_tokens):
+                toks = torch.randint(vocab, (batch, n), generator=gen).to(device)
+                pos = (prefix + torch.arange(n, device=device)).expand(batch, n)
+                mask = None if n == 1 else torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(batch, n, n)
+                times = []
+                for i in range(warmup + repeats):  # the cache length never moves: every forward is the same
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    model(toks, pos, cache, rows=rows, block_mask=mask, logits_at="all")
+                    _sync(device)
+                    if i >= warmup:
+                        times.append(time.perf_counter() - t0)
+                median = statistics.median(times)
+                base = base or median  # the smallest N measured (N = 1 in the default list)
+                rec = {"batch_size": batch, "n_tokens": n, "prefix": prefix, "median_s": round(median, 7),
+                       "min_s": round(min(times), 7), "max_s": round(max(times), 7), "repeats": repeats,
+                       "relative": round(median / base, 4)}
+                points.append(rec)
+                log.info("cost curve: batch %d, N=%2d: %8.2f ms (x%.2f)", batch, n, median * 1e3, rec["relative"])
+                if on_record is not None:
+                    on_record(rec)
+    return points
+
+
+def run_cost_curve(args: argparse.Namespace, target) -> Path:
+    """Measure the cost curve into DIR/cost_curve.jsonl (one line per point, flushed) and print its summary."""
+    from . import report
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / COST_FILE
+    extra = {"model": target.name, "machine": machine_facts(args.device, args.dtype)}
+    with path.open("w", encoding="utf-8") as f:
+        def write(rec: dict) -> None:
+            f.write(json.dumps({**rec, **extra}) + "\n")
+            f.flush()
+
+        cost_curve(target, _ints(args.cost_tokens), _ints(args.cost_batch_sizes), args.cost_prefix,
+                   args.cost_repeats, on_record=write)
+    taus = [float(t) for t in args.tau.split(",")] if args.tau else None
+    print(report.cost_curve_summary(out, taus=taus))
+    return path
+
+
+# ============================================================================================ CLI
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark decoding methods on datasets (records + report)",
+                              description=__doc__.split("\n\n")[0], epilog="See docs/BENCHMARKS.md.",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", action="append", default=[], metavar="[NAME=]PATH",
+                   help="question file (repeatable): MT-bench/Spec-Bench JSONL, HumanEval .jsonl.gz, GSM8K, "
+                        "Alpaca/AlpacaEval JSON, ShareGPT JSON, or JSONL with `prompt`")
+    p.add_argument("--methods", action="append", default=[],
+                   help="comma list (repeatable; default vanilla,eagle): vanilla, eagle[:opts], hf, "
+                        "hf-prompt-lookup[:N], llama.cpp, replay:K")
+    p.add_argument("--out", required=True, metavar="DIR", help="records.jsonl, run.json, report.md, plots")
+    p.add_argument("--resume", action="store_true", help="continue DIR/records.jsonl, skipping recorded keys")
+    p.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
+    p.add_argument("--limit-per-category", type=int, default=None, help="first N questions of each category")
+    p.add_argument("--categories", default=None, help="comma list of categories to keep")
+    p.add_argument("--max-turns", type=int, default=None, help="ask at most this many turns per question")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", default="0", help="one value or a comma sweep, e.g. 0,1 (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", default="1", help="one value or a comma sweep, e.g. 1,2,4,8")
+    p.add_argument("--ignore-eos", action="store_true", help="every arm generates exactly --max-new-tokens")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--model", default=None, help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (recorded with the machine facts)")
+    p.add_argument("--no-report", action="store_true", help="do not write report.md and plots at the end")
+    c = p.add_argument_group("cost curve")
+    c.add_argument("--cost-curve", action="store_true",
+                   help="measure target forward latency over N tokens per batch size into DIR/cost_curve.jsonl")
+    c.add_argument("--cost-tokens", default="1,2,4,8,16,32,64")
+    c.add_argument("--cost-batch-sizes", default="1,2,4,8")
+    c.add_argument("--cost-prefix", type=int, default=256, help="context tokens before the measured block")
+    c.add_argument("--cost-repeats", type=int, default=10)
+    c.add_argument("--tau", default=None,
+                   help="comma list of tau values for the printed speedup bounds (default: measured in DIR)")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import report
+    from .datasets import DatasetError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not args.dataset and not args.cost_curve:
+        raise BenchError("nothing to do: give --dataset PATH (repeatable) and/or --cost-curve")
+    try:
+        cfg = BenchConfig(datasets=args.dataset, out=args.out, methods=args.methods or ["vanilla,eagle"],
+                          model=args.model, dtype=args.dtype, device=args.device, limit=args.limit,
+                          limit_per_category=args.limit_per_category,
+                          categories=args.categories.split(",") if args.categories else None,
+                          max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                          temperatures=[float(t) for t in args.temperature.split(",")], top_p=args.top_p,
+                          seed=args.seed, batch_sizes=_ints(args.batch_size), ignore_eos=args.ignore_eos,
+                          raw=args.raw, resume=args.resume)
+    except ValueError as e:
+        raise BenchError(f"bad value: {e}") from None
+    target = None
+    if args.dataset:
+        try:
+            bench = Bench(cfg)
+        except DatasetError as e:
+            raise BenchError(str(e)) from None
+        bench.run()
+        target = bench.target
+    if args.cost_curve:
+        if target is None:
+            from .loading import load_target
+
+            target = load_target(args.model, dtype=args.dtype, device=args.device)
+        run_cost_curve(args, target)
+    if not args.no_report:
+        path = report.write_report(Path(args.out))
+        print(f"report: {path}")
+    return 0

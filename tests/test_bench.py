@@ -1,0 +1,302 @@
+"""Benchmark suite: metric definitions on hand-made records, method parsing, dataset formats, a tiny-model
+bench run (records, report, plots), resume, greedy mismatch detection, cost curve and diagnostics."""
+
+import gzip
+import json
+
+import pytest
+import torch
+from helpers import tiny_hf_model, tiny_tokenizer
+
+from eaglespec import bench, report
+from eaglespec.cli import main
+from eaglespec.datasets import DatasetError, encode_conversation, load_questions
+
+
+# ============================================================================================ metrics
+def rec(method, qid, new, forwards, wall, acc=None, depth=0, batch_n=1, cat="c", **kw):
+    r = {"dataset": "d", "question_id": str(qid), "turn": 1, "method": method, "batch_size": batch_n,
+         "temperature": 0.0, "seed": 0, "category": cat, "method_kind": method.split(":")[0],
+         "exact": method != "vanilla", "new_tokens": new, "target_forwards": forwards, "wall_s": wall,
+         "batch_wall_s": wall * batch_n, "batch_n": batch_n, "accepted_per_position": acc, "tree_depth": depth,
+         "tree_nodes": depth + 1, "token_ids": list(range(new)), "prefill_s": None, "draft_s": None, "verify_s": None}
+    r.update(kw)
+    return r
+
+
+def test_metrics_match_hand_computed_values():
+    vanilla = [rec("vanilla", 1, 11, 10, 1.0, []), rec("vanilla", 2, 11, 10, 1.0, [])]
+    eagle = [rec("eagle", 1, 11, 4, 0.5, [4, 2], depth=3), rec("eagle", 2, 11, 6, 0.5, [5, 3, 1], depth=3)]
+    # tau = decode tokens / verification forwards = (10 + 10) / (4 + 6)
+    assert report.tau(eagle) == pytest.approx(2.0)
+    assert report.tau(vanilla) == pytest.approx(1.0)
+    # acceptance(d) = rounds with depth d accepted / all rounds: (4+5)/10, (2+3)/10, (0+1)/10
+    assert report.acceptance_by_position(eagle) == pytest.approx([0.9, 0.5, 0.1])
+    # no acceptance at all still reports every depth of the tree, as zeros
+    assert report.acceptance_by_position([rec("eagle", 1, 5, 4, 1.0, [], depth=2)]) == [0.0, 0.0]
+    assert report.tokens_per_s(vanilla) == pytest.approx(22 / 2.0)
+    assert report.speedup(eagle, vanilla) == pytest.approx((22 / 1.0) / (22 / 2.0))
+    # only prompts both methods ran count: an unmatched fast record changes nothing
+    assert report.speedup(eagle + [rec("eagle", 3, 100, 1, 0.01)], vanilla) == pytest.approx(2.0)
+    # batch > 1: a record accounts for its group's wall divided by the prompts in the group
+    batched = [rec("vanilla", i, 10, 9, 0.0, batch_n=2, batch_wall_s=2.0) for i in (1, 2)]
+    assert report.tokens_per_s(batched) == pytest.approx(20 / 2.0)
+    shares = report.time_shares([rec("eagle", 1, 11, 4, 2.0, prefill_s=0.2, draft_s=0.6, verify_s=1.0)])
+    assert shares == pytest.approx({"prefill": 0.1, "draft": 0.3, "verify": 0.5})
+
+
+def test_cost_curve_math():
+    curve = [{"batch_size": 1, "n_tokens": n, "relative": r, "median_s": 0.01 * r}
+             for n, r in ((1, 1.0), (2, 1.1), (4, 1.3), (8, 2.1))]
+    assert report.relative_cost(curve, 1, 4) == pytest.approx(1.3)
+    assert report.relative_cost(curve, 1, 6) == pytest.approx(1.7)  # interpolated
+    assert report.relative_cost(curve, 1, 16) == pytest.approx(3.7)  # extrapolated along the last segment
+    assert report.speedup_bound(3.0, 1.5, 0.5) == pytest.approx(1.5)
+    assert report.chain_tau(0.5, 3) == pytest.approx(1.75)
+    best = report.suggest_dispatcher(curve, [{"label": "small", "nodes": 2, "tau": 1.5, "draft_ratio": 0.1},
+                                             {"label": "big", "nodes": 8, "tau": 2.5, "draft_ratio": 0.2}])
+    assert best[1]["label"] == "small" and best[1]["bound"] == pytest.approx(1.25)  # 1.5/1.2 > 2.5/2.3
+
+
+def test_mismatch_detection_recomputes_from_tokens():
+    vanilla = [rec("vanilla", 1, 5, 4, 1.0)]
+    same = rec("eagle", 1, 5, 2, 0.5)
+    other = rec("eagle:chain2", 1, 5, 2, 0.5, token_ids=[0, 1, 9, 3, 4], mismatch=False)
+    sampled = rec("eagle:x", 1, 5, 2, 0.5, token_ids=[7], temperature=1.0)
+    found = report.find_mismatches(vanilla + [same, other, sampled])
+    assert [(r["method"], i) for r, i in found] == [("eagle:chain2", 2)]
+    assert bench.first_mismatch([1, 2], [1, 2, 3]) == 2 and bench.first_mismatch([1], [1]) is None
+
+
+# ============================================================================================ parsing
+def test_method_strings():
+    names = bench.split_methods("vanilla,eagle:dynamic,depth=6,topk=8,tokens=32,hf,replay:3,eagle:head=/h,chain3")
+    assert names == ["vanilla", "eagle:dynamic,depth=6,topk=8,tokens=32", "hf", "replay:3", "eagle:head=/h,chain3"]
+    m = bench.parse_method(names[1])
+    assert (m.kind, m.draft.tree, m.draft.depth, m.draft.topk, m.draft.tree_tokens) == ("eagle", "dynamic", 6, 8, 32)
+    m = bench.parse_method("eagle:head=/h,chain3,align=last")
+    assert (m.draft.draft, m.draft.tree, m.draft.depth, m.draft.alignment) == ("/h", "chain", 3, "last")
+    assert bench.parse_method("eagle").draft.tree == "auto"
+    assert bench.parse_method("hf-prompt-lookup").k == 10 and bench.parse_method("replay:5").k == 5
+    methods = bench.parse_methods(["hf,replay:2", "vanilla"])
+    assert [x.name for x in methods] == ["vanilla", "hf", "replay:2"]  # vanilla first
+    for bad in ("foo", "eagle:bogus", "eagle:depth=3", "replay:0"):
+        with pytest.raises(bench.BenchError):
+            bench.parse_methods([f"vanilla,{bad}"])
+    with pytest.raises(bench.BenchError, match="add vanilla"):
+        bench.parse_methods(["replay:3"])
+
+
+def test_dataset_formats(tmp_path):
+    (tmp_path / "mt").mkdir()
+    (tmp_path / "mt" / "question.jsonl").write_text(
+        json.dumps({"question_id": 81, "category": "writing", "turns": ["a?", "b?"]}) + "\n"
+        + json.dumps({"question_id": 82, "category": "math", "turns": ["c?", "d?"]}) + "\n")
+    with gzip.open(tmp_path / "HumanEval.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    (tmp_path / "test.jsonl").write_text(json.dumps({"question": "2+2?", "answer": "#### 4"}) + "\n")
+    (tmp_path / "alpaca.json").write_text(json.dumps([{"instruction": "Say", "input": "hi", "output": "x"},
+                                                      {"instruction": "Go", "input": "", "output": "y"}]))
+    (tmp_path / "alpaca_eval.json").write_text(json.dumps([{"dataset": "koala", "instruction": "Why?"}]))
+    mt = load_questions(str(tmp_path / "mt" / "question.jsonl"))
+    assert [(q.question_id, q.category, q.turns) for q in mt] == [("81", "writing", ("a?", "b?")),
+                                                                   ("82", "math", ("c?", "d?"))]
+    assert mt[0].dataset == "mt"  # the folder names a generic "question.jsonl"
+    mt_path = str(tmp_path / "mt" / "question.jsonl")
+    assert [q.question_id for q in load_questions(mt_path, categories=["math"])] == ["82"]
+    assert load_questions(mt_path, max_turns=1)[0].turns == ("a?",)
+    assert [q.question_id for q in load_questions(mt_path, per_category=1, limit=1)] == ["81"]
+    he = load_questions(str(tmp_path / "HumanEval.jsonl.gz"))[0]
+    assert (he.dataset, he.question_id, he.turns) == ("HumanEval", "HumanEval/0", ("def f():\n",))
+    assert load_questions(f"gsm8k={tmp_path / 'test.jsonl'}")[0].dataset == "gsm8k"
+    assert [q.turns[0] for q in load_questions(str(tmp_path / "alpaca.json"))] == ["Say\n\nhi", "Go"]
+    assert load_questions(str(tmp_path / "alpaca_eval.json"))[0].category == "koala"
+    with pytest.raises(DatasetError, match="no category"):
+        load_questions(str(tmp_path / "mt" / "question.jsonl"), categories=["nope"])
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"foo": 1}) + "\n")
+    with pytest.raises(DatasetError, match="record 0"):
+        load_questions(str(tmp_path / "bad.jsonl"))
+
+
+def test_second_turn_carries_the_first_answer():
+    tok = tiny_tokenizer()
+    one = tok.decode(encode_conversation(tok, ["hello"], []))
+    two = tok.decode(encode_conversation(tok, ["hello", "again"], ["the answer"]))
+    assert one.count("<|im_start|>user") == 1
+    assert two.startswith(one) and "the answer<|im_end|>" in two and two.count("<|im_start|>user") == 2
+    assert two.endswith("<|im_start|>assistant\n")
+
+
+# ============================================================================================ tiny-model runs
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_hf_model("llama").save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def head_dir(model_dir, tmp_path_factory):
+    from eaglespec.heads import DraftHead, save_head
+    from eaglespec.loading import load_target
+
+    target = load_target(str(model_dir))
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("head")
+    save_head(DraftHead.for_target(target.model, "eagle3", draft_vocab_size=64), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "mt.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in [
+        {"question_id": 1, "category": "writing", "turns": ["The quick brown fox", "1 2 3 4"]},
+        {"question_id": 2, "category": "coding", "turns": ["def add(a, b):", "Speculative decoding"]},
+        {"question_id": 3, "category": "coding", "turns": ["Café, naïve"]}]))
+    return path
+
+
+def bench_argv(model_dir, questions, out, *extra):
+    return ["bench", "--model", str(model_dir), "--dataset", str(questions), "--out", str(out),
+            "--max-new-tokens", "8", "--threads", "1", *extra]
+
+
+@pytest.fixture(scope="module")
+def bench_run(model_dir, head_dir, questions, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    methods = f"vanilla,eagle:head={head_dir},chain3,replay:3,hf,llama.cpp,eagle"
+    assert main(bench_argv(model_dir, questions, out, "--methods", methods, "--batch-size", "1,2")) == 0
+    return out
+
+
+def test_bench_writes_records_report_and_plots(bench_run, head_dir):
+    records = bench.read_records(bench_run / "records.jsonl")
+    eagle = f"eagle:head={head_dir},chain3"
+    # 5 prompts (3 first turns + 2 second turns) x 4 runnable methods x 2 batch sizes
+    assert len(records) == 5 * 4 * 2
+    assert {r["method"] for r in records} == {"vanilla", eagle, "replay:3", "hf"}
+    for r in records:
+        assert set(bench.KEY_FIELDS) <= set(r) and r["machine"]["torch_threads"] == 1
+        assert r["new_tokens"] == len(r["token_ids"]) <= 8 and r["batch_wall_s"] > 0
+        assert r["mismatch"] is (None if r["method"] == "vanilla" else False)
+    by = {(r["question_id"], r["turn"], r["method"], r["batch_size"]): r for r in records}
+    # every method got the same turn-2 prompt: both turns, with vanilla's first answer in between
+    tok = tiny_tokenizer()
+    first = by[("1", 1, "vanilla", 1)]["token_ids"]
+    answer = tok.decode(first[: first.index(2)] if 2 in first else first, skip_special_tokens=True).strip()
+    expected = encode_conversation(tok, ["The quick brown fox", "1 2 3 4"], [answer])
+    assert {by[("1", 2, m, 1)]["prompt_tokens"] for m in ("vanilla", eagle, "hf")} == {len(expected)}
+    # replay drafts vanilla's own tokens: everything it proposes is accepted
+    replay = [r for r in records if r["method"] == "replay:3"]
+    assert report.acceptance_by_position(replay) == pytest.approx([1.0, 1.0, 1.0])
+    run = json.loads((bench_run / "run.json").read_text())
+    assert "llama-cpp-python" in run["skipped"]["llama.cpp"] and "no draft head" in run["skipped"]["eagle"]
+    text = (bench_run / "report.md").read_text()
+    assert "### mt: T=0, batch size 1" in text and "| replay:3 | chain3 |" in text and "by category" in text
+    assert "skipped `llama.cpp`" in text and "no mismatch" in text
+    for png in ("speedup_mt_T0.png", "acceptance_T0.png", "batch_scaling_T0.png", "tau_vs_tree_T0.png"):
+        assert (bench_run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_resume_skips_recorded_work(bench_run, model_dir, head_dir, questions, monkeypatch):
+    from eaglespec.generate import Engine
+
+    calls = []
+    real = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, reqs: calls.append(len(reqs)) or real(self, reqs))
+    path = bench_run / "records.jsonl"
+    lines = path.read_text().splitlines()
+    argv = bench_argv(model_dir, questions, bench_run, "--batch-size", "1,2", "--no-report", "--methods",
+                      f"vanilla,eagle:head={head_dir},chain3,replay:3,hf,llama.cpp,eagle")
+    with pytest.raises(SystemExit):  # an existing run is never appended to by accident
+        main(argv)
+    assert main(argv + ["--resume"]) == 0
+    assert calls == [] and path.read_text().splitlines() == lines
+    # an interrupted run: the replay records of one group are missing and the last line is cut short
+    lost = [x for x in lines if '"replay:3"' in x and '"batch_size": 2' in x and '"turn": 2' in x]
+    assert len(lost) == 2
+    kept = [x for x in lines[:-1] if x not in lost]
+    path.write_text("\n".join(kept) + "\n" + lines[-1][:40])
+    assert main(argv + ["--resume"]) == 0
+    redone = bench.read_records(path)
+    assert sorted(map(bench.record_key, redone)) == sorted(bench.record_key(json.loads(x)) for x in lines)
+    assert calls == [2, 2]  # the replay engine: its warm-up, then the one lost group (the cut line is hf's)
+    with pytest.raises(SystemExit):  # resuming with other settings is refused
+        main(argv + ["--resume", "--max-new-tokens", "9"])
+
+
+def test_report_flags_an_injected_mismatch(bench_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(bench_run, out)
+    records = bench.read_records(out / "records.jsonl")
+    bad = dict(next(r for r in records if r["method"] == "hf" and r["batch_size"] == 1))
+    bad["token_ids"] = bad["token_ids"][:3] + [(bad["token_ids"][3] + 1) % 50] + bad["token_ids"][4:]
+    bad["method"] = "hf-prompt-lookup"
+    with (out / "records.jsonl").open("a") as f:
+        f.write(json.dumps(bad) + "\n")
+    assert main(["report", str(out), "--no-plots"]) == 0
+    text = (out / "report.md").read_text()
+    assert "GREEDY MISMATCHES: 1 record(s)" in text and "hf-prompt-lookup batch 1: first difference at token 3" in text
+    assert "| hf-prompt-lookup | none | 1 |" in text and "**1 of 1**" in text
+
+
+def test_cost_curve_smoke(model_dir, tmp_path, capsys):
+    out = tmp_path / "cost"
+    assert main(["bench", "--model", str(model_dir), "--out", str(out), "--cost-curve", "--cost-tokens", "1,2,4",
+                 "--cost-batch-sizes", "1,2", "--cost-prefix", "16", "--cost-repeats", "2", "--tau", "2"]) == 0
+    curve = report.read_cost_curve(out)
+    assert [(c["batch_size"], c["n_tokens"]) for c in curve] == [(b, n) for b in (1, 2) for n in (1, 2, 4)]
+    assert all(c["relative"] == 1.0 for c in curve if c["n_tokens"] == 1)
+    assert all(c["median_s"] > 0 and c["prefix"] == 16 and "machine" in c for c in curve)
+    printed = capsys.readouterr().out
+    assert "suggested dispatcher table" in printed and "ASSUMED chain model" in printed and "tau 2.00" in printed
+    assert (out / "cost_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "## Cost curve" in (out / "report.md").read_text()
+
+
+# ============================================================================================ diagnostics
+def test_teacher_forced_unroll_reproduces_real_drafting(model_dir, head_dir):
+    """Fed the tokens the head itself drafts, the teacher-forced unroll must make the same predictions as the
+    proposer's real chain drafting (same cache contents, positions and masks): top-1 agreement 1 at every step."""
+    from eaglespec.config import GenerationConfig
+    from eaglespec.diagnose import StepStats, teacher_forced_unroll
+    from eaglespec.generate import Engine, Request
+    from eaglespec.loading import load_target
+    from eaglespec.speculative import DraftOptions, build_proposer
+
+    target = load_target(str(model_dir))
+    steps = 3
+    proposer = build_proposer(target, DraftOptions(draft=str(head_dir), tree="chain", depth=steps))
+    prompt = target.tokenizer.encode("The quick brown fox jumps")
+    trees = []
+    real_propose = proposer.propose
+
+    def propose(rows, pending, prefix):
+        trees.append(real_propose(rows, pending, prefix))
+        return trees[-1]
+
+    proposer.propose = propose
+    with torch.inference_mode():
+        Engine(target, proposer).generate([Request(prompt, GenerationConfig(2))])
+        chain = trees[0].tokens[0].tolist()  # the first round, right after the prefill: [pending, d1, d2, d3]
+        stats = [StepStats() for _ in range(steps)]
+        teacher_forced_unroll(target, proposer.head, prompt + chain, len(prompt), steps, stats)
+    assert [s.n for s in stats] == [1] * steps
+    assert [s.top1 for s in stats] == [1] * steps
+    assert stats[0].cos_teacher == pytest.approx(1.0, abs=1e-5)
+
+
+def test_diagnose_cli(model_dir, head_dir, questions, tmp_path, capsys):
+    out = tmp_path / "diag.json"
+    assert main(["diagnose", "--model", str(model_dir), "--draft", str(head_dir), "--dataset", str(questions),
+                 "--limit", "2", "--steps", "3", "--max-new-tokens", "16", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert d["prompts"] == 2 and len(d["steps"]) == 3 and len(d["acceptance_by_position"]) == 3
+    assert set(d["tau_by_category"]) == {"writing", "coding"} and d["verdict"]
+    assert all(-1 <= s["cos_target"] <= 1 and 0 <= s["top1"] <= 1 for s in d["steps"])
+    assert "verdict:" in printed and "retrain" in printed  # a random head must be told to retrain
