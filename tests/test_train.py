@@ -1,0 +1,333 @@
+"""Draft-head training on a tiny random target (hidden 64, 4 layers, CPU, one thread, seeded): the TTT unroll
+against the head's own cached drafting, captured features against the runtime, the pipeline learning
+(self-distilled data -> capture -> train -> acceptance through the engine), resume after SIGKILL, a
+2-process data-parallel step against the single-process step, strict save/load, configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglespec.data import PrepareConfig, prepare_data, read_prepared
+from eaglespec.features import FeatureStore, OfflineFeatures, OnlineFeatures, capture_features, epoch_batches
+from eaglespec.heads import DraftHead, default_feature_layer_ids, load_head, save_head
+from eaglespec.train import TrainConfig, TTTUnroll, select_draft_vocab, split_indices, train
+from helpers import tiny_target
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = 4
+IDS = default_feature_layer_ids(LAYERS)
+WORDS = ["fox", "dog", "cat", "one", "two", "add", "sum", "tree", "draft", "token"]
+
+
+def proposer_available() -> bool:
+    try:
+        from eaglespec.proposer import EagleProposer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Tiny target (also saved as an HF directory for subprocesses), self-distilled data and its features."""
+    root = tmp_path_factory.mktemp("tiny")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: one thread is faster, and stable on a shared machine
+    target, hf = tiny_target(num_hidden_layers=LAYERS)
+    hf.save_pretrained(root / "model")
+    target.tokenizer.save_pretrained(root / "model")
+    rng = random.Random(0)
+    prompts = [{"prompt": "Say " + " ".join(rng.choice(WORDS) for _ in range(5)), "response": "x"} for _ in range(96)]
+    (root / "train.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    prepare_data(PrepareConfig(inputs=[str(root / "train.jsonl")], output=str(root / "data"), max_len=128,
+                               regenerate=True, regen_max_new_tokens=40, regen_batch_size=16), target)
+    capture_features(target, root / "data", root / "feat", IDS, torch.float32, shard_records=32, batch_tokens=1024,
+                     progress=False)
+    torch.set_num_threads(threads)
+    return target, root
+
+
+def config(root: Path, out: str, **kw) -> TrainConfig:
+    base = dict(features=str(root / "feat"), out_dir=str(root / out), draft_vocab_size=None, lr=3e-3,
+                warmup_steps=10, batch_size=8, eval_records=16, eval_every=0, checkpoint_every=0,
+                eval_acceptance_prompts=8, eval_max_new_tokens=32, threads=1, progress=False, log_every=50)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def random_head(target, kind: str, layers: int) -> DraftHead:
+    torch.manual_seed(1)
+    head = DraftHead.for_target(target, kind, num_layers=layers, draft_vocab_size=200 if kind == "eagle3" else None)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    if kind == "eagle3":
+        head.set_draft_vocab(torch.randperm(target.args.vocab_size)[:200])
+    return head
+
+
+# ------------------------------------------------------------------------------------- TTT unroll
+@pytest.mark.parametrize("kind,layers", [("eagle3", 1), ("eagle3", 2), ("eagle1", 1)])
+def test_ttt_unroll_equals_cached_drafting(tiny, kind, layers):
+    """Step 0 = the head over all pairs; step j at pair i = drafting j steps after a prefix of i+1 pairs."""
+    target = tiny[0].model
+    head = random_head(target, kind, layers)
+    torch.manual_seed(2)
+    batch, width, k = 2, 14, 3
+    tokens = torch.randint(3, target.args.vocab_size, (batch, width))
+    with torch.no_grad():
+        out = target(tokens, torch.arange(width).expand(batch, width), target.new_cache(batch, width),
+                     hidden_indices=head.hidden_indices)
+        feats = head.target_feature(out)
+        outs, logits = TTTUnroll(head, k)(feats, tokens)
+        n = width - 1
+        h = head.fuse(feats[:, :n])
+        o0 = head(h, tokens[:, 1:], torch.arange(n).expand(batch, n), head.new_cache(batch, width + k))
+        torch.testing.assert_close(outs[0], o0, rtol=1e-5, atol=1e-5)
+        for i in (0, 5, n - k):
+            cache = head.new_cache(batch, width + k)
+            o = head(h[:, : i + 1], tokens[:, 1 : i + 2], torch.arange(i + 1).expand(batch, i + 1), cache)
+            cache.advance(None, i + 1)
+            x = o[:, -1:]
+            for j in range(1, k):
+                x = head(x, tokens[:, i + j + 1 : i + j + 2], torch.full((batch, 1), i + j), cache)
+                cache.advance(None, 1)
+                torch.testing.assert_close(outs[j][:, i], x[:, 0], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(logits[j][:, i], head.logits(x)[:, 0], rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ features
+def test_captured_features_equal_the_runtime_and_manifest(tiny):
+    target, root = tiny
+    store = FeatureStore(root / "feat")
+    records, data_manifest = read_prepared(root / "data")
+    m = store.manifest
+    assert m["hidden_indices"] == list(IDS) and m["feature_layer_convention"] == "hf_hidden_states_index"
+    assert m["model"] == target.name and m["dtype"] == "float32" and m["complete"] and m["records"] == len(records)
+    assert [s["file"] for s in m["shards"]] == ["shard-00000.safetensors", "shard-00001.safetensors",
+                                                "shard-00002.safetensors"]
+    assert m["data_sha256"] == data_manifest["data_sha256"] and len(store) == len(records)
+    model = target.model
+    for i in (0, 37, len(records) - 1):  # each record alone through the runtime: no batching, no padding
+        ids = torch.tensor([records[i].input_ids])
+        with torch.no_grad():
+            out = model(ids, torch.arange(ids.shape[1])[None], model.new_cache(1, ids.shape[1]), hidden_indices=IDS)
+            logits = torch.nn.functional.linear(out.hidden, model.lm_head_weight)
+        rec = store.record(i)
+        assert rec["input_ids"].tolist() == records[i].input_ids and rec["loss_mask"].tolist() == records[i].loss_mask
+        torch.testing.assert_close(rec["hidden"], out.hidden[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rec["aux"], out.aux[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(rec["top1"].long(), logits[0].argmax(-1))
+
+    # the online iterator yields the same batches as the offline reader
+    idx = [3, 50, 7]
+    off = OfflineFeatures(store, idx, 3).load(idx)
+    on = OnlineFeatures(model, records, idx, 3, IDS).load(idx)
+    for name in ("input_ids", "loss_mask", "lengths", "top1", "record_index"):
+        assert torch.equal(getattr(off, name), getattr(on, name)), name
+    for name in ("hidden", "aux"):
+        torch.testing.assert_close(getattr(off, name), getattr(on, name), rtol=1e-5, atol=1e-5)
+
+
+def test_capture_resumes_by_skipping_finished_shards(tiny, tmp_path):
+    target, root = tiny
+    out = tmp_path / "feat"
+    capture_features(target, root / "data", out, IDS, torch.bfloat16, shard_records=40, limit=90, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    first = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in manifest["shards"]}
+    # simulate a kill before the last shard was listed: drop it from the manifest and the disk
+    manifest["shards"] = manifest["shards"][:-1]
+    manifest["complete"] = False
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "shard-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="incomplete"):
+        FeatureStore(out)
+    again = capture_features(target, root / "data", out, IDS, torch.bfloat16, shard_records=40, limit=90,
+                             progress=False)
+    assert again["complete"] and len(again["shards"]) == 3
+    for name in ("shard-00000.safetensors", "shard-00001.safetensors"):
+        assert (out / name).stat().st_mtime_ns == first[name]  # not rewritten
+    store, full = FeatureStore(out), FeatureStore(root / "feat")
+    assert store.manifest["dtype"] == "bfloat16"
+    for i in (0, 45, 89):
+        torch.testing.assert_close(store.record(i)["aux"], full.record(i)["aux"].bfloat16())
+    with pytest.raises(ValueError, match="other settings"):
+        capture_features(target, root / "data", out, (1, 3, 4), torch.bfloat16, shard_records=40, limit=90,
+                         progress=False)
+
+
+def test_batches_shard_the_global_batch_across_ranks():
+    lengths = [random.Random(i).randint(5, 50) for i in range(40)]
+    idx = list(range(40))
+    single = epoch_batches(lengths, idx, 4, seed=3, epoch=1)
+    ranks = [epoch_batches(lengths, idx, 2, seed=3, epoch=1, world_size=2, rank=r) for r in range(2)]
+    assert len(single) == 10 and all(len(b) == 4 for b in single)
+    for g, a, b in zip(single, *ranks):
+        assert sorted(g) == sorted(a + b) and not set(a) & set(b)
+    assert epoch_batches(lengths, idx, 4, seed=3, epoch=2) != single
+
+
+def test_draft_vocab_selection():
+    from collections import Counter
+
+    counts = Counter({7: 5, 3: 5, 9: 1, 12: 8})
+    assert select_draft_vocab(counts, 3, 20).tolist() == [3, 7, 12]  # most frequent, ties by id, sorted
+    assert select_draft_vocab(counts, 3, 20, always=[2]).tolist() == [2, 3, 12]
+    assert select_draft_vocab(counts, 6, 20).tolist() == [0, 1, 3, 7, 9, 12]  # filled with the lowest unused ids
+    train_idx, eval_idx = split_indices(10, 3, seed=0)
+    assert sorted(train_idx + eval_idx) == list(range(10)) and len(eval_idx) == 3
+
+
+# ---------------------------------------------------------------------------------------- learning
+def test_pipeline_learns_high_acceptance(tiny):
+    target, root = tiny
+    untrained = train(config(root, "untrained", max_steps=1, lr=1e-12, warmup_steps=0), target)
+    trained = train(config(root, "eagle3", max_steps=200, eval_every=100, ttt_steps=3, draft_vocab_size=160),
+                    target)
+    assert max(untrained["eval_acc"]) < 0.15
+    assert trained["eval_acc"][0] > 0.6 and min(trained["eval_acc"]) > 0.5, trained
+    if proposer_available():
+        assert untrained["tau"] < 1.2
+        assert trained["tau"] > 1.8 and trained["accept_per_position"][0] > 0.5, trained
+    head = load_head(root / "eagle3" / "head", target.model)  # strict load of the saved head
+    assert head.config.draft_vocab_size == 160 and head.config.feature_layer_ids == IDS
+    lines = [json.loads(x) for x in (root / "eagle3" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "eval_acc" in x] == [100, 200]
+
+
+def test_eagle1_objective_learns(tiny):
+    target, root = tiny
+    summary = train(config(root, "eagle1", kind="eagle1", max_steps=120, ttt_steps=2, eval_acceptance_prompts=0),
+                    target)
+    assert summary["eval_acc"][0] > 0.5, summary
+    head = load_head(root / "eagle1" / "head", target.model)
+    assert head.config.kind == "eagle1" and head.config.bias
+
+
+def test_saved_heads_load_strictly_and_round_trip(tiny, tmp_path):
+    target, root = tiny
+    cfg = config(root, "roundtrip", max_steps=30, checkpoint_every=10, keep_checkpoints=2, eval_records=8,
+                 eval_acceptance_prompts=0, draft_vocab_size=100)
+    train(cfg, target)
+    out = Path(cfg.out_dir)
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-00000010", "step-00000020"]
+    assert (out / "checkpoints" / "latest").read_text() == "step-00000020"
+    head = load_head(out / "head", target.model)
+    save_head(head, tmp_path / "again")
+    again = load_head(tmp_path / "again", target.model)
+    for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    # the draft vocabulary is the 100 most frequent assistant tokens of the training split (EOS included)
+    store = FeatureStore(root / "feat")
+    train_idx, _ = split_indices(len(store), cfg.eval_records, cfg.seed)
+    from collections import Counter
+
+    counts = Counter(t for i in train_idx for t, m in zip(*store.tokens(i)) if m)
+    assert head.to_target_ids(torch.arange(100)).tolist() == select_draft_vocab(counts, 100, 320, [2]).tolist()
+    with pytest.raises(ValueError, match="--resume"):
+        train(cfg, target)
+    with pytest.raises(ValueError, match="batch_size"):
+        train(config(root, "roundtrip", max_steps=30, batch_size=4, eval_records=8, draft_vocab_size=100), target,
+              resume=True)
+
+
+# ------------------------------------------------------------------------------------ resume after kill
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "eaglespec.cli", *args]
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny):
+    target, root = tiny
+    out = root / "killed"
+    flags = ["--model", str(root / "model"), "--data", str(root / "data"), "--out-dir", str(out),
+             "--max-steps", "150", "--checkpoint-every", "20", "--eval-every", "0", "--eval-records", "8",
+             "--eval-acceptance-prompts", "0", "--draft-vocab-size", "none", "--batch-size", "8", "--lr", "3e-3",
+             "--warmup-steps", "5", "--threads", "1", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cli("train", *flags), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    latest = out / "checkpoints" / "latest"
+    deadline = time.time() + 60
+    while not latest.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert not (out / "head").exists()  # it really died before the end
+    step = int((out / "checkpoints" / latest.read_text()).name.split("-")[1])
+    assert step % 20 == 0 and 20 <= step < 150
+
+    resumed = subprocess.run(cli("train", *flags, "--resume"), env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"(step {step})" in resumed.stderr and json.loads(resumed.stdout.splitlines()[-1])["step"] == 150
+
+    cfg = TrainConfig(model=str(root / "model"), data=str(root / "data"), out_dir=str(root / "straight"),
+                      max_steps=150, checkpoint_every=20, eval_every=0, eval_records=8, eval_acceptance_prompts=0,
+                      draft_vocab_size=None, batch_size=8, lr=3e-3, warmup_steps=5, threads=1, progress=False)
+    train(cfg)
+    a, b = load_head(out / "head", target.model), load_head(root / "straight" / "head", target.model)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name  # same data order, optimizer, schedule and RNG: bit-identical
+
+
+# ------------------------------------------------------------------------------------------ data parallel
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dp_worker(rank: int, world: int, port: int, cfg: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    train(TrainConfig(**cfg))
+
+
+def test_two_process_data_parallel_step_equals_single_process_step(tiny):
+    import torch.multiprocessing as mp
+
+    target, root = tiny
+    common = dict(model=str(root / "model"), features=str(root / "feat"), max_steps=2, eval_every=0,
+                  eval_records=0, eval_acceptance_prompts=0, draft_vocab_size=120, lr=1e-3, warmup_steps=0,
+                  threads=1, progress=False, grad_clip=0.05)
+    single = TrainConfig(**common, out_dir=str(root / "dp1"), batch_size=4)
+    train(single)
+    dp = dict(common, out_dir=str(root / "dp2"), batch_size=2)
+    mp.spawn(_dp_worker, args=(2, _free_port(), dp), nprocs=2, join=True)
+    a, b = load_head(root / "dp1" / "head", target.model), load_head(root / "dp2" / "head", target.model)
+    torch.manual_seed(0)  # the training runs' initialization
+    init = DraftHead.for_target(target.model, "eagle3", draft_vocab_size=120)
+    moved = 0
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+        moved += int(name in dict(init.named_parameters()) and not torch.equal(x, init.state_dict()[name]))
+    assert moved > 0
+
+
+# ------------------------------------------------------------------------------------------- config
+def test_config_from_yaml_and_flags(tmp_path):
+    from eaglespec.cli import build_parser
+
+    (tmp_path / "c.yaml").write_text("kind: eagle1\nlr: 2.0e-4\nbetas: [0.9, 0.99]\nfeatures: feat\n")
+    cfg = TrainConfig.from_yaml(tmp_path / "c.yaml", lr=5e-4)
+    assert cfg.kind == "eagle1" and cfg.lr == 5e-4 and cfg.betas == (0.9, 0.99) and cfg.noise == 0.1
+    (tmp_path / "bad.yaml").write_text("learning_rate: 1\n")
+    with pytest.raises(ValueError, match="unknown training config keys.*learning_rate"):
+        TrainConfig.from_yaml(tmp_path / "bad.yaml")
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "c.yaml"), "--draft-vocab-size", "none",
+                                      "--feature-layer-ids", "1,2,3", "--betas", "0.8,0.9", "--no-progress"])
+    assert args.config and args.draft_vocab_size is None and args.feature_layer_ids == (1, 2, 3)
+    assert args.betas == (0.8, 0.9) and args.progress is False and not hasattr(args, "lr")
+    with pytest.raises(ValueError, match="exactly one of"):
+        TrainConfig(features="a", data="b").validate()
