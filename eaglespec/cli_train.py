@@ -43,7 +43,10 @@ def _add_prepare(sub: Any) -> None:
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--max-len", type=int, default=2048,
                    help="tokens per record; longer conversations are truncated at a turn boundary")
-    p.add_argument("--limit", type=int, default=None, help="at most N conversations per input file")
+    p.add_argument("--limit", type=int, action="append", default=None,
+                   help="at most N conversations per input file: once for every input, or once per --input")
+    p.add_argument("--max-turns", type=int, default=None,
+                   help="keep at most N assistant turns per conversation (bounds --regenerate cost)")
     p.add_argument("--exclude", action="append", default=[], metavar="FILE",
                    help="eval file whose prompts must not be trained on (repeatable): MT-bench, Spec-Bench, "
                         "HumanEval, GSM8K test, AlpacaEval, EAGLE eval files")
@@ -71,7 +74,8 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     cfg = PrepareConfig(
-        inputs=args.input, output=args.output, fmt=args.format, max_len=args.max_len, limit=args.limit,
+        inputs=args.input, output=args.output, fmt=args.format, max_len=args.max_len,
+        limit=args.limit[0] if args.limit and len(args.limit) == 1 else args.limit, max_turns=args.max_turns,
         exclude=args.exclude, min_overlap_words=args.min_overlap_words, drop_overlapping=args.drop_overlapping,
         regenerate=args.regenerate, regen_max_new_tokens=args.regen_max_new_tokens,
         regen_temperature=args.regen_temperature, regen_top_p=args.regen_top_p,

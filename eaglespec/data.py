@@ -190,7 +190,8 @@ def _to_messages(rec: dict, fmt: str, where: str) -> list[dict[str, str]]:
         extra = rec.get("input") or ""
         if extra.strip():
             prompt = f"{prompt}\n\n{text(extra, 'input')}"
-        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": text(rec.get("output"), "output")}]
+        answer = text(rec.get("output"), "output")
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
     if fmt == "jsonl":
         if isinstance(rec.get("messages"), list):
             msgs = []
@@ -509,8 +510,10 @@ class PrepareConfig:
     """Input format for every input: auto, sharegpt, alpaca or jsonl."""
     max_len: int = 2048
     """Maximum tokens per record; longer conversations are truncated at a turn boundary."""
-    limit: int | None = None
-    """At most this many conversations per input file (smoke runs)."""
+    limit: int | list[int | None] | None = None
+    """At most this many conversations per input file: one value for every input, or one per input."""
+    max_turns: int | None = None
+    """Keep at most this many assistant turns per conversation (the rest is cut; bounds regeneration cost)."""
     exclude: list[str] = field(default_factory=list)
     """Eval files whose prompts must not appear in the training data."""
     min_overlap_words: int = 10
@@ -544,16 +547,26 @@ def prepare_data(cfg: PrepareConfig, target: Any) -> dict[str, Any]:
     """Read, guard, (regenerate,) render, mask, truncate and write; returns the manifest."""
     if cfg.max_len < 2:
         raise ValueError(f"max_len must be >= 2, got {cfg.max_len}")
+    if cfg.max_turns is not None and cfg.max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {cfg.max_turns}")
     if not cfg.inputs:
         raise ValueError("no training inputs given")
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = target.tokenizer
 
+    limits = cfg.limit if isinstance(cfg.limit, list) else [cfg.limit] * len(cfg.inputs)
+    if len(limits) != len(cfg.inputs):
+        raise ValueError(f"give one limit for all inputs or one per input ({len(cfg.inputs)}), got {len(limits)}")
     convs: list[Conversation] = []
     inputs = []
-    for path in cfg.inputs:
-        got, fmt = read_conversations(path, cfg.fmt, cfg.limit)
+    for path, limit in zip(cfg.inputs, limits):
+        got, fmt = read_conversations(path, cfg.fmt, limit)
+        if cfg.max_turns is not None:
+            for c in got:
+                answers = [k for k, m in enumerate(c.messages) if m["role"] == "assistant"]
+                if len(answers) > cfg.max_turns:
+                    c.messages = c.messages[: answers[cfg.max_turns - 1] + 1]
         log.info("%s: %d conversations (%s)", path, len(got), fmt)
         inputs.append({"path": str(Path(path).resolve()), "format": fmt, "conversations": len(got),
                        "sha256": _sha256(path)})
@@ -609,6 +622,7 @@ def prepare_data(cfg: PrepareConfig, target: Any) -> dict[str, Any]:
         "chat_template_sha256": hashlib.sha256(str(tokenizer.chat_template).encode()).hexdigest(),
         "eos_token_ids": list(target.eos_token_ids),
         "max_len": cfg.max_len,
+        "max_turns": cfg.max_turns,
         "truncation": "turn_boundary (cut inside the first answer when it alone is too long)",
         "inputs": inputs,
         "exclude": excluded,

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data import DATA_FILE, MANIFEST_FILE as DATA_MANIFEST, PreparedRecord, _sha256, read_prepared
+from .data import DATA_FILE, PreparedRecord, _sha256, read_prepared
 from .heads import OUR_CONVENTION
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def capture_features(
                   and (out / s["file"]).stat().st_size == s["bytes"]]
     done = {s["first_record"] for s in shards}
     starts = [s for s in range(0, len(records), shard_records) if s not in done]
-    total_tokens = sum(len(records[i].input_ids) for s in starts for i in range(s, min(s + shard_records, len(records))))
+    total_tokens = sum(len(r.input_ids) for s in starts for r in records[s : s + shard_records])
     log.info("capturing %d shards (%d tokens); %d shards already done in %s", len(starts), total_tokens,
              len(done), out)
     t0, n_done = time.perf_counter(), 0

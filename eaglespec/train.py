@@ -49,7 +49,7 @@ import time
 import typing
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -728,10 +728,10 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
             _checkpoint(cfg, head, opt, sched, step, epoch, position, noise_gen, info)
     bar.close()
     last_eval = run_eval() or last_eval
+    samples = run_steps * cfg.batch_size * cfg.grad_accum * info.world_size
     summary = {"step": step, "world_size": info.world_size, "tokens": run_tokens, "train_seconds": round(run_time, 2),
                "tokens_per_s": round(run_tokens / max(run_time, 1e-9), 1),
-               "samples_per_s": round(run_steps * cfg.batch_size * cfg.grad_accum * info.world_size / max(run_time, 1e-9), 3),
-               **last_eval}
+               "samples_per_s": round(samples / max(run_time, 1e-9), 3), **last_eval}
     if info.main:
         summary["head"] = str(_save_final(head, out / "head"))
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -180,6 +180,13 @@ def test_truncation_at_turn_boundaries_and_counts(tmp_path, tiny):
     assert records[0].input_ids == enc.input_ids[:first_end] and records[0].loss_mask == enc.loss_mask[:first_end]
     assert all(len(r.input_ids) <= total - 1 and len(r.input_ids) == len(r.loss_mask) for r in records)
 
+    # per-input limits and --max-turns (one assistant turn kept: the same as the turn-boundary cut)
+    m = prepare_data(PrepareConfig(inputs=[str(tmp_path / "d.jsonl")] * 2, output=str(tmp_path / "out2"),
+                                   limit=[2, 1], max_turns=1), tiny)
+    assert m["counts"]["whole"] == 3 and [i["conversations"] for i in m["inputs"]] == [2, 1]
+    records, _ = read_prepared(tmp_path / "out2")
+    assert records[0].input_ids == enc.input_ids[:first_end]
+
 
 # ---------------------------------------------------------------------------------------- eval guard
 LONG_EVAL = "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences"

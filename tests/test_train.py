@@ -31,11 +31,9 @@ WORDS = ["fox", "dog", "cat", "one", "two", "add", "sum", "tree", "draft", "toke
 
 
 def proposer_available() -> bool:
-    try:
-        from eaglespec.proposer import EagleProposer  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("eaglespec.proposer") is not None
 
 
 @pytest.fixture(scope="module")
