@@ -10,6 +10,10 @@ Reusable pieces for draft heads: ``rms_norm`` / ``RMSNorm``, ``Rotary`` + ``appl
 Sliding-window attention (Mistral, Qwen with ``use_sliding_window``) is not implemented in the mask:
 while the context fits in the window it is identical to full attention, and a forward that would make
 a row longer than the window raises ``ContextOverflowError``.
+
+Beyond docs/ARCHITECTURE.md: a query always sees its own slot (a padding node whose mask row is all
+False stays finite), and ``block_mask`` may be [B, T, W] with W > T (the T new tokens are the last T of W
+uncommitted block slots; the draft heads add tree levels this way).
 """
 
 from __future__ import annotations
@@ -615,8 +619,9 @@ class Transformer(nn.Module):
             tokens: int64 [B, T]; positions: int64 [B, T] rotary positions.
             cache: K/V of the new tokens is written at slots ``lengths[rows[b]] + t``; lengths are not moved.
             rows: int64 [B] cache rows (None = ``arange(B)``).
-            block_mask: bool [B, T, T], row i may see block row j (None = causal). The committed prefix
-                and the token itself are always visible.
+            block_mask: bool [B, T, W >= T], new token i may see block slot j (None = causal); the new
+                tokens are the last T of the W block slots. The committed prefix and the token itself are
+                always visible.
             logits_at: None (no logits), "all", or int64 [B, K] block indices.
             hidden_indices: HF ``hidden_states`` indices (0 = embeddings, i = residual after layer i-1).
         """
