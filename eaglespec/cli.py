@@ -10,7 +10,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 from .config import GenerationConfig, SamplingParams
 
@@ -22,30 +21,11 @@ class CLIError(Exception):
 
 
 def read_prompts_file(path: str) -> list[str]:
-    """Prompts from a JSONL file: MT-bench style records (`turns`: first turn used) or a `prompt` field."""
-    p = Path(path)
-    if not p.is_file():
-        raise CLIError(f"--prompts-file {path}: no such file")
-    prompts = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CLIError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise CLIError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            if isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
-                prompts.append(rec["turns"][0])
-            elif isinstance(rec.get("prompt"), str):
-                prompts.append(rec["prompt"])
-            else:
-                raise CLIError(f"{path}:{lineno}: record has neither a non-empty `turns` list nor a `prompt` string")
-    if not prompts:
-        raise CLIError(f"--prompts-file {path}: no prompts in the file")
-    return prompts
+    """Prompts from a file: MT-bench style records (`turns`: the first turn is used), a `prompt` field, or any
+    other format `eaglespec.datasets` reads (HumanEval, GSM8K `question`, Alpaca `instruction`)."""
+    from .datasets import load_questions
+
+    return [q.turns[0] for q in load_questions(path)]
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:

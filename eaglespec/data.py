@@ -34,7 +34,6 @@ one, after normalization (NFKC, lower case, words only).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import logging
@@ -46,6 +45,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .datasets import read_records
 
 log = logging.getLogger(__name__)
 
@@ -102,32 +103,6 @@ class Conversation:
 
     def user_prompts(self) -> list[str]:
         return [m["content"] for m in self.messages if m["role"] == "user"]
-
-
-def read_records(path: str | os.PathLike[str]) -> list[Any]:
-    """All records of a JSON list or JSON Lines file (``.gz`` allowed)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataFormatError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        return list(records)
-    records = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DataFormatError(f"{path}:{lineno}: not valid JSON Lines ({e.msg})") from None
-    return records
 
 
 def _record_format(rec: Any) -> str | None:

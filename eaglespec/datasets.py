@@ -65,22 +65,25 @@ def dataset_name(spec: str) -> tuple[str, Path]:
     return stem, path
 
 
-def _read_records(path: Path) -> list[dict]:
+def read_records(path: str | Path) -> list[dict]:
+    """All records of a JSON list or JSON Lines file (``.gz`` allowed), each a JSON object.
+
+    The one reader of data files: benchmarks, prompt files and training data all come through it.
+    """
+    path = Path(path)
     if not path.is_file():
-        raise DatasetError(f"--dataset {path}: no such file")
+        raise DatasetError(f"{path}: no such file")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise DatasetError(f"--dataset {path}: cannot read it ({e})") from None
-    if path.name.endswith((".json", ".json.gz")):  # a JSON list; anything else is read as JSON lines
+        raise DatasetError(f"{path}: cannot read it ({e})") from None
+    if text.lstrip().startswith("["):  # a JSON list; anything else is read as JSON lines
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        if not isinstance(data, list):
-            raise DatasetError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
         records = data
     else:
         records = []
@@ -120,7 +123,7 @@ def load_questions(spec: str, limit: int | None = None, categories: Sequence[str
     """Questions of one dataset file (`NAME=PATH` or `PATH`): filtered by category, then the first
     `per_category` of each category, then the first `limit` in file order."""
     name, path = dataset_name(spec)
-    records = _read_records(path)
+    records = read_records(path)
     questions = []
     for i, rec in enumerate(records):
         turns = _turns(rec)
@@ -129,7 +132,7 @@ def load_questions(spec: str, limit: int | None = None, categories: Sequence[str
                                f"instruction (keys: {sorted(rec)[:8]})")
         if not turns:
             continue
-        qid = next((rec[k] for k in ("question_id", "task_id", "id") if rec.get(k) is not None), i)
+        qid = next((rec[k] for k in ("question_id", "task_id", "id") if rec.get(k) is not None), f"#{i}")
         category = rec.get("category") or rec.get("dataset") or ""
         questions.append(Question(name, str(qid), str(category), tuple(turns[:max_turns] if max_turns else turns)))
     if not questions:
