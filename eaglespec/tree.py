@@ -742,11 +742,13 @@ class TreeDispatcher:
         return f"TreeDispatcher({list(zip(self.starts, self.configs))})"
 
 
-# PLACEHOLDERS, not measurements: replace with the best configuration per batch size measured by the benchmark
-# on the target hardware. Shape of the idea (REFERENCE.md section 4): a wider tree at batch 1, smaller trees
-# as the batch grows, a short chain at large batch.
+# Measured on this project's 2-core CPU with the shipped SmolLM2-135M head (fp32, 2 threads, 8 MT-bench
+# questions, 128 tokens; results/sweep-b1, results/sweep-b4, README "Results"): target forwards over more tokens
+# are expensive on this CPU (cost curve: 4 tokens ~1.7x one token) and the head accepts ~0.28 at depth 1, so
+# the best tree at batch 1 was a 2-token chain (1.03x; chain3 0.75x, dynamic 0.65x, EAGLE-1 static 0.59x) and
+# no tree beat vanilla at batch 4 (best chain3 0.87x): above batch 1 the cheapest tree, a 1-token chain.
+# Re-measure with `eaglespec bench` (docs/BENCHMARKS.md) for other hardware or a stronger head.
 DEFAULT_TREE_TABLE: dict[int, TreeConfig] = {
-    1: TreeConfig.dynamic(topk=4, depth=4, tree_tokens=15),
-    2: TreeConfig.static([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]),
-    4: TreeConfig.chain(3),
+    1: TreeConfig.chain(2),
+    2: TreeConfig.chain(1),
 }
