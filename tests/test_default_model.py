@@ -59,3 +59,23 @@ def test_greedy_generation_matches_hf(default):
                               pad_token_id=2)[0, len(p):].tolist()
             assert o.token_ids == ref
     assert "Paris" in ours[0].text
+
+
+@pytest.mark.parametrize("tree", ["auto", "dynamic"])
+def test_shipped_head_speculation_matches_vanilla(default, tree):
+    """The shipped head loads strictly against the default model and speculative greedy == vanilla greedy."""
+    from eaglespec.config import GenerationConfig
+    from eaglespec.generate import Engine, Request
+    from eaglespec.speculative import SHIPPED_HEAD_DIR, DraftOptions, build_proposer, resolve_head_dir
+
+    target, _ = default
+    opts = DraftOptions(tree=tree)
+    assert resolve_head_dir(opts, target) == SHIPPED_HEAD_DIR
+    proposer = build_proposer(target, opts)
+    prompts = [chat_ids(target.tokenizer, q) for q in QUESTIONS]
+    cfg = GenerationConfig(48)
+    with torch.inference_mode():
+        vanilla = Engine(target, max_batch_size=3).generate([Request(p, cfg) for p in prompts])
+        spec = Engine(target, proposer, max_batch_size=3).generate([Request(p, cfg) for p in prompts])
+    assert [c.token_ids for c in spec] == [c.token_ids for c in vanilla]
+    assert sum(sum(c.stats.accepted_per_position) for c in spec) > 0  # the trained head gets tokens accepted
