@@ -3,30 +3,9 @@
 import json
 
 import pytest
-import torch
 
 from eaglespec.cli import main
-from helpers import tiny_hf_model, tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tiny_hf_model("llama").save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def head_dir(model_dir, tmp_path_factory):
-    from eaglespec.heads import DraftHead, save_head
-    from eaglespec.loading import load_target
-
-    target = load_target(str(model_dir))
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("head")
-    save_head(DraftHead.for_target(target.model, "eagle3", draft_vocab_size=64), d)
-    return d
+from helpers import tiny_tokenizer
 
 
 def run_json(capsys, *argv):
