@@ -125,7 +125,7 @@ def parse_method(text: str, seed: int | None = None) -> Method:
     for opt in filter(None, opts.split(",")):
         key, eq, value = opt.partition("=")
         try:
-            if opt in ("static", "dynamic", "auto", "chain"):
+            if opt in ("static", "dynamic", "auto", "chain", "none"):
                 kw["tree"] = opt
             elif re.fullmatch(r"chain\d+", opt):
                 kw["tree"], kw["depth"] = "chain", int(opt[5:])
@@ -495,7 +495,7 @@ class Bench:
         """(description, nodes incl. root, depth) of the tree the method verifies at this batch size."""
         if m.kind == "eagle":
             c = runner.engine.proposer.dispatcher.pick(batch)
-            desc = {"chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
+            desc = {"none": "no draft", "chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
                     "dynamic": f"dynamic(topk={c.topk},depth={c.depth},tokens={c.tree_tokens})"}[c.kind]
             return desc, c.num_nodes, c.depth
         if m.kind in ("replay", "hf-prompt-lookup"):

@@ -101,7 +101,8 @@ class EagleProposer:
 
     def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor) -> DraftTree:
         cfg = self.dispatcher.pick(int(rows.numel()))
-        draft = {"chain": self._draft_chain, "static": self._draft_static, "dynamic": self._draft_dynamic}
+        draft = {"chain": self._draft_chain, "static": self._draft_static, "dynamic": self._draft_dynamic,
+                 "none": self._draft_none}
         tree, node_slot = draft[cfg.kind](cfg, rows, pending, prefix_lengths)
         self._drafted = _Drafted(prefix_lengths, node_slot)
         return tree
@@ -168,6 +169,11 @@ class EagleProposer:
         B, K = tokens.shape
         positions = (prefix + depth - 1)[:, None].expand(B, K)
         return self.head(parent_h, tokens, positions, self.cache, rows=rows, block_mask=mask)
+
+    def _draft_none(self, cfg: TreeConfig, rows, pending, prefix):
+        """No draft tokens: the target decodes one token; commit() still encodes the (feature, token) pair."""
+        node_slot = torch.full((rows.numel(), 1), -1, dtype=torch.long, device=rows.device)
+        return DraftTree.root_only(pending), node_slot
 
     def _draft_chain(self, cfg: TreeConfig, rows, pending, prefix):
         B, K = rows.numel(), cfg.depth

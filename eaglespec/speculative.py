@@ -48,6 +48,10 @@ class DraftOptions:
                 raise ValueError("--depth/--topk/--tree-tokens/--tree-paths need an explicit --tree "
                                  "(chain, static or dynamic), not auto")
             return TreeDispatcher(DEFAULT_TREE_TABLE)
+        if self.tree == "none":  # the drafter follows along but proposes nothing (benchmark baseline)
+            self._refuse("none", depth=self.depth, topk=self.topk, tree_tokens=self.tree_tokens,
+                         tree_paths=self.tree_paths)
+            return TreeDispatcher({1: TreeConfig.none()})
         if self.tree == "chain":
             self._refuse("chain", topk=self.topk, tree_tokens=self.tree_tokens, tree_paths=self.tree_paths)
             return TreeDispatcher({1: TreeConfig.chain(self.depth or 4)})

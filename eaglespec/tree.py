@@ -604,7 +604,7 @@ class DynamicTreeBuilder:
 # --------------------------------------------------------------------------------------------------------
 
 
-TreeKind = Literal["chain", "static", "dynamic"]
+TreeKind = Literal["none", "chain", "static", "dynamic"]
 
 
 @dataclass(frozen=True)
@@ -612,8 +612,9 @@ class TreeConfig:
     """One tree configuration (validated on construction)."""
 
     kind: TreeKind
-    """Tree family: 'chain' (uses depth), 'static' (uses paths; depth derived) or 'dynamic' (EAGLE-2: topk,
-    depth, tree_tokens)."""
+    """Tree family: 'chain' (uses depth), 'static' (uses paths; depth derived), 'dynamic' (EAGLE-2: topk,
+    depth, tree_tokens) or 'none' (no draft tokens: plain decoding for the batch sizes where speculation does
+    not pay; the drafter still follows the committed tokens so it can resume at smaller batches)."""
     depth: int = 0
     """Draft steps: chain length, static tree depth (derived from paths), dynamic expansion levels."""
     topk: int = 1
@@ -624,7 +625,10 @@ class TreeConfig:
     """Static only: top-k rank paths, e.g. ((0,), (1,), (0, 0))."""
 
     def __post_init__(self) -> None:
-        if self.kind == "chain":
+        if self.kind == "none":
+            if self.depth or self.paths is not None or self.tree_tokens:
+                raise ValueError("a 'none' tree config takes no depth, paths or tree_tokens")
+        elif self.kind == "chain":
             chain_shape(self.depth)
             if self.paths is not None:
                 raise ValueError("a chain config takes no paths")
@@ -643,7 +647,11 @@ class TreeConfig:
             if self.paths is not None:
                 raise ValueError("a dynamic config takes no paths")
         else:
-            raise ValueError(f"tree kind must be 'chain', 'static' or 'dynamic', got {self.kind!r}")
+            raise ValueError(f"tree kind must be 'none', 'chain', 'static' or 'dynamic', got {self.kind!r}")
+
+    @classmethod
+    def none(cls) -> TreeConfig:
+        return cls(kind="none")
 
     @classmethod
     def chain(cls, depth: int) -> TreeConfig:
@@ -671,6 +679,8 @@ class TreeConfig:
         """N, root included."""
         if self.kind == "dynamic":
             return self.tree_tokens + 1
+        if self.kind == "none":
+            return 1
         return self.shape().num_nodes
 
     def shape(self) -> TreeShape:

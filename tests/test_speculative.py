@@ -112,3 +112,30 @@ def test_seeded_speculative_sampling_repeats(tiny):
         a = Engine(tiny, proposer).generate([Request(ids, cfg)])[0].token_ids
         b = Engine(tiny, proposer).generate([Request(ids, cfg)])[0].token_ids
     assert a == b and len(a) == 30
+
+
+def test_dispatcher_can_pause_speculation_and_resume(tiny, vanilla):
+    """A 'none' entry decodes plainly at large batch; as rows finish the batch shrinks and drafting resumes. The
+    draft cache must follow every committed token meanwhile: its length equals the target cache's after every
+    step (one pair per target position), and greedy output stays identical."""
+    reqs, expected = vanilla
+    budgets = [40, 8, 10, 12, 9]
+    table = TreeDispatcher({1: TreeConfig.chain(3), 2: TreeConfig.none()})
+    proposer = EagleProposer(make_head(tiny, "eagle3"), table)
+    engine = Engine(tiny, proposer, max_batch_size=5, max_len=128)
+    out = {i: [] for i in range(5)}
+    for i, (r, n) in enumerate(zip(reqs, budgets)):
+        engine.submit(i, Request(r.prompt_ids, GenerationConfig(n, ignore_eos=True)))
+    batch_sizes = []
+    with torch.inference_mode():
+        while not engine.idle:
+            for c in engine.step():
+                out[c.index] += c.token_ids
+            rows = torch.tensor([s.row for s in engine.active], dtype=torch.long)
+            batch_sizes.append(len(rows))
+            assert torch.equal(proposer.cache.lengths[rows], engine.cache.lengths[rows])
+    assert 1 in batch_sizes and 5 in batch_sizes  # both the paused and the drafting regime ran
+    assert [out[i] for i in range(5)] == [e[:n] for e, n in zip(expected, budgets)]
+    assert TreeConfig.none().num_nodes == 1
+    with pytest.raises(ValueError, match="none"):
+        TreeConfig(kind="none", depth=2)
