@@ -753,12 +753,13 @@ class TreeDispatcher:
 
 
 # Measured on this project's 2-core CPU with the shipped SmolLM2-135M head (fp32, 2 threads, 8 MT-bench
-# questions, 128 tokens; docs/results/sweep-b1 and sweep-b4, README "Results"): target forwards over more tokens
-# are expensive on this CPU (cost curve: 4 tokens ~1.7x one token) and the head accepts ~0.28 at depth 1, so
-# the best tree at batch 1 was a 2-token chain (1.03x; chain3 0.75x, dynamic 0.65x, EAGLE-1 static 0.59x) and
-# no tree beat vanilla at batch 4 (best chain3 0.87x): above batch 1 the cheapest tree, a 1-token chain.
-# Re-measure with `eaglespec bench` (docs/BENCHMARKS.md) for other hardware or a stronger head.
+# questions, 128 tokens; docs/results/sweep-b1, sweep-b4, sweep-b4-none, README "Results"): target forwards over
+# more tokens are expensive on this CPU (cost curve: 4 tokens ~1.7x one token) and the head accepts ~0.28 at
+# depth 1, so the best tree at batch 1 was a 2-token chain (1.03x; chain3 0.75x, dynamic 0.65x, EAGLE-1 static
+# 0.59x), and at batch 4 no tree beat vanilla (chain1 0.96x, chain3 0.87x, no draft 0.98x): from batch 2 on
+# speculation pauses ('none'; the drafter keeps following, 2% cost). Re-measure with `eaglespec bench`
+# (docs/BENCHMARKS.md) for other hardware or a stronger head.
 DEFAULT_TREE_TABLE: dict[int, TreeConfig] = {
     1: TreeConfig.chain(2),
-    2: TreeConfig.chain(1),
+    2: TreeConfig.none(),
 }

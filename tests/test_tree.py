@@ -446,10 +446,13 @@ def test_dispatcher_rejects_bad_tables(table, message):
 
 def test_default_table_is_valid():
     d = TreeDispatcher(DEFAULT_TREE_TABLE)
+    assert d.pick(1).num_nodes >= 2  # batch 1 drafts; larger batches may pause speculation ('none')
     for n in (1, 2, 3, 4, 64):
         cfg = d.pick(n)
-        assert cfg.num_nodes >= 2
-        assert (cfg.builder() if cfg.kind == "dynamic" else cfg.shape()).num_nodes == cfg.num_nodes
+        if cfg.kind == "none":
+            assert cfg.num_nodes == 1
+        else:
+            assert (cfg.builder() if cfg.kind == "dynamic" else cfg.shape()).num_nodes == cfg.num_nodes
 
 
 def test_root_only_and_select():
