@@ -374,16 +374,20 @@ class HeadLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, args.rms_norm_eps)
         self.mlp = SwiGLU(h, args.intermediate_size)
 
+    def attn_input(self, x: Tensor, emb: Tensor) -> Tensor:
+        """What the attention projections read: cat(input_layernorm(emb), hidden_norm(x)) [B, T, 2H] for the
+        first EAGLE-3 layer (embedding first), x itself for the first EAGLE-1 layer (no input norm),
+        input_layernorm(x) for standard layers."""
+        if self.hidden_norm is not None:
+            return torch.cat((self.input_layernorm(emb), self.hidden_norm(x)), dim=-1)
+        if self.input_layernorm is not None:
+            return self.input_layernorm(x)
+        return x
+
     def forward(self, x: Tensor, emb: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, layer: int,
                 plan: AttentionPlan) -> Tensor:
         """x: [B, T, H] residual stream (raw fused feature for the first EAGLE-3 layer); emb: [B, T, H]."""
-        if self.hidden_norm is not None:
-            a = torch.cat((self.input_layernorm(emb), self.hidden_norm(x)), dim=-1)  # [B, T, 2H], embedding first
-        elif self.input_layernorm is not None:
-            a = self.input_layernorm(x)
-        else:
-            a = x
-        x = x + self.self_attn(a, rope, cache, layer, plan)
+        x = x + self.self_attn(self.attn_input(x, emb), rope, cache, layer, plan)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

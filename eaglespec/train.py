@@ -250,12 +250,7 @@ class TTTUnroll(nn.Module):
                values: list[Tensor], mask: Tensor | None) -> Tensor:
         """One decoder layer of the head (same math as ``heads.HeadLayer``), attending over every step's keys."""
         batch, n, _ = x.shape
-        if layer.hidden_norm is not None:
-            a = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(x)), dim=-1)  # [B, P, 2H], embedding first
-        elif layer.input_layernorm is not None:
-            a = layer.input_layernorm(x)
-        else:
-            a = x
+        a = layer.attn_input(x, emb)  # [B, P, 2H or H]
         att = layer.self_attn
         q = apply_rotary(att.q_proj(a).view(batch, n, att.n_heads, att.head_dim), *rope)
         k = apply_rotary(att.k_proj(a).view(batch, n, att.n_kv_heads, att.head_dim), *rope)
