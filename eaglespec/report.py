@@ -190,14 +190,48 @@ def dataset_tables(records: Records) -> list[str]:
     return lines
 
 
+def summary_table(records: Records) -> list[str]:
+    """One row per dataset, temperature and method at the dataset's smallest batch size: the README summary."""
+    rows = []
+    for (ds, temp), rs in sorted(_groups(records, "dataset", "temperature").items()):
+        batch = _smallest_batch(rs)
+        rs = [r for r in rs if r["batch_size"] == batch]
+        vanilla = [r for r in rs if r["method"] == "vanilla"]
+        for m in _methods(rs):
+            mr = [r for r in rs if r["method"] == m]
+            prompts = len({(r["question_id"], r["turn"]) for r in mr})
+            sp = "1.00x" if m == "vanilla" else _fmt(speedup(mr, vanilla), ".2f", "x")
+            rows.append(f"| {ds} | {temp:g} | {batch} | {m} | {prompts} | {sum(r['new_tokens'] for r in mr)} | "
+                        f"{_fmt(tokens_per_s(mr), '.1f')} | {sp} | {_fmt(tau(mr))} |")
+    if not rows:
+        return []
+    return ["## Summary", "", "Per dataset and temperature at its smallest batch size; speedup over vanilla on the same "
+            "prompts (question x turn).", "",
+            "| dataset | T | batch | method | prompts | tokens | tokens/s | speedup | tau |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def every_batch_prompts(records: Records) -> list[dict]:
+    """The records of the prompts (dataset, question, turn) that ran at every batch size present, so that
+    throughput across batch sizes compares the same work; all records when no prompt ran at all of them."""
+    batches = {r["batch_size"] for r in records}
+    seen: dict[tuple, set] = defaultdict(set)
+    for r in records:
+        seen[(r["dataset"], r["question_id"], r["turn"])].add(r["batch_size"])
+    keep = {p for p, bs in seen.items() if bs == batches}
+    return [r for r in records if (r["dataset"], r["question_id"], r["turn"]) in keep] or list(records)
+
+
 def batch_table(records: Records) -> list[str]:
-    """tokens/s and speedup per method and batch size, all datasets pooled, per temperature."""
+    """tokens/s and speedup per method and batch size, per temperature, over the prompts run at every batch size."""
     lines = []
     for (temp,), rs in sorted(_groups(records, "temperature").items()):
         batches = sorted({r["batch_size"] for r in rs})
         if len(batches) < 2:
             continue
-        lines += [f"### Batch scaling, T={temp:g} (all datasets): tokens/s (speedup)", "",
+        rs = every_batch_prompts(rs)
+        n = len({(r["dataset"], r["question_id"], r["turn"]) for r in rs})
+        lines += [f"### Batch scaling, T={temp:g}: tokens/s (speedup), the {n} prompts run at every batch size", "",
                   "| method | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
         for m in _methods(rs):
             cells = []
@@ -415,6 +449,8 @@ def plot_batch_scaling(out_dir: Path, rs: Records, temp: float, hw: str) -> str 
     batches = sorted({r["batch_size"] for r in rs})
     if len(batches) < 2:
         return None
+    rs = every_batch_prompts(rs)
+    n = len({(r["dataset"], r["question_id"], r["turn"]) for r in rs})
     fig, (ax_tp, ax_sp) = _figure(2)
     for m in _methods(rs):
         tp, sp, bs = [], [], []
@@ -437,7 +473,7 @@ def plot_batch_scaling(out_dir: Path, rs: Records, temp: float, hw: str) -> str 
     ax_sp.axhline(1.0, color="black", lw=1, ls="--")
     ax_sp.legend(fontsize=8)
     return _save(fig, out_dir, f"batch_scaling_T{_tag(temp)}.png",
-                 f"Throughput and speedup vs batch size: T={temp:g}, all datasets", hw)
+                 f"Throughput and speedup vs batch size: T={temp:g}, the {n} prompts run at every batch size", hw)
 
 
 def plot_tau_vs_tree(out_dir: Path, rs: Records, temp: float, hw: str) -> str | None:
@@ -493,10 +529,66 @@ def plot_cost_curve(out_dir: Path, curve: Records, hw: str) -> str | None:
                  hw)
 
 
+def _overview_methods(records: Records) -> list[str]:
+    """Methods of the overview plot: every non-vanilla method, except named variants of `eagle` (tree shapes,
+    other heads) that ran only where the default `eagle` ran too: those are in the per-dataset and tau-vs-tree
+    plots."""
+    groups = _groups(records, "dataset", "temperature")
+    ran = {m: {g for g, rs in groups.items() if any(r["method"] == m for r in rs)} for m in _methods(records)}
+    return [m for m in ran if m != "vanilla" and not (m.startswith("eagle:") and ran[m] <= ran.get("eagle", set()))]
+
+
+def plot_overview(out_dir: Path, records: Records, hw: str) -> str | None:
+    """The main plot: speedup over vanilla per dataset (x) and method (bars), one panel per temperature, each
+    dataset at its smallest batch size; bars are labelled with the speedup and tau."""
+    temps = sorted({r["temperature"] for r in records})
+    methods = _overview_methods(records)
+    datasets = sorted({r["dataset"] for r in records})
+    if not methods or not any(r["method"] == "vanilla" for r in records):
+        return None
+    fig, axes = _figure(len(temps))
+    top = 1.0
+    for ax, temp in zip(axes, temps):
+        width = 0.8 / len(methods)
+        for j, m in enumerate(methods):
+            xs, vals, labels = [], [], []
+            for i, ds in enumerate(datasets):
+                rs = [r for r in records if r["dataset"] == ds and r["temperature"] == temp]
+                if not rs:
+                    continue
+                rs = [r for r in rs if r["batch_size"] == _smallest_batch(rs)]
+                mr = [r for r in rs if r["method"] == m]
+                sp = speedup(mr, [r for r in rs if r["method"] == "vanilla"])
+                if sp is None:
+                    continue
+                t = tau(mr)
+                xs.append(i + (j - (len(methods) - 1) / 2) * width)
+                vals.append(sp)
+                labels.append(f"{sp:.2f}x" + (f"\ntau {t:.2f}" if t is not None else ""))
+            if xs:
+                bars = ax.bar(xs, vals, width, label=_label(m), color=f"C{j}")
+                ax.bar_label(bars, labels=labels, fontsize=7, padding=1)
+                top = max(top, *vals)
+        ax.axhline(1.0, color="black", lw=1, ls="--")
+        ax.set_xticks(range(len(datasets)), datasets, rotation=20 if len(datasets) > 4 else 0)
+        ax.set_title(f"T={temp:g}" + (" (greedy)" if temp == 0 else " (sampling)"))
+        ax.set_ylabel("speedup over vanilla (tokens/s ratio, x); dashed: vanilla")
+    handles = {}  # every method once, whichever panel drew it
+    for ax in axes:
+        ax.set_ylim(0, top * 1.25)
+        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+    axes[0].legend(handles.values(), handles.keys(), fontsize=8, loc="upper right")
+    return _save(fig, out_dir, "overview.png", "Speedup over vanilla decoding by dataset and method",
+                 f"{hw}; each dataset at its smallest batch size; bar labels: speedup and tau")
+
+
 def make_plots(out_dir: Path, records: Records, curve: Records) -> list[tuple[str, str]]:
     """Write every plot that the data supports; returns (file name, one-line description)."""
     hw = hardware_line(records or curve)
     images = []
+    name = plot_overview(out_dir, records, hw) if records else None
+    if name:
+        images.append((name, "Overview: speedup over vanilla per dataset and method, per temperature."))
     for (ds, temp), rs in sorted(_groups(records, "dataset", "temperature").items()):
         name = plot_speedup_by_category(out_dir, rs, ds, temp, hw)
         if name:
@@ -539,7 +631,8 @@ def write_report(out_dir: Path, plots: bool = True) -> Path:
         lines += ["", "Greedy outputs of every lossless method equal vanilla's (no mismatch)."]
     lines.append("")
     if records:
-        lines += ["## Results per dataset", "", *dataset_tables(records), *batch_table(records)]
+        lines += [*summary_table(records), "## Results per dataset", "", *dataset_tables(records),
+                  *batch_table(records)]
     if curve:
         lines += ["## Cost curve", "", "```", cost_curve_summary(out_dir), "```", "", *bound_table(records, curve)]
     if plots:
