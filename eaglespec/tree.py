@@ -752,14 +752,14 @@ class TreeDispatcher:
         return f"TreeDispatcher({list(zip(self.starts, self.configs))})"
 
 
-# Measured on this project's 2-core CPU with the shipped SmolLM2-135M head (fp32, 2 threads, 8 MT-bench
-# questions, 128 tokens; docs/results/sweep-b1, sweep-b4, sweep-b4-none, README "Results"): target forwards over
-# more tokens are expensive on this CPU (cost curve: 4 tokens ~1.7x one token) and the head accepts ~0.28 at
-# depth 1, so the best tree at batch 1 was a 2-token chain (1.03x; chain3 0.75x, dynamic 0.65x, EAGLE-1 static
-# 0.59x), and at batch 4 no tree beat vanilla (chain1 0.96x, chain3 0.87x, no draft 0.98x): from batch 2 on
-# speculation pauses ('none'; the drafter keeps following, 2% cost). Re-measure with `eaglespec bench`
-# (docs/BENCHMARKS.md) for other hardware or a stronger head.
+# Measured on this project's 2-core CPU with the shipped SmolLM2-135M head (fp32, 2 threads; README "Results",
+# docs/results/suite and default-tree): a target forward over 2 tokens costs the same as over 1 (cost curve
+# 1.00), over 4 tokens 1.55x, and the head gets ~0.3 tokens accepted at depth 1 and ~0.08 at depth 2. So a
+# single draft wins at batch 1: chain 1 1.10x vs chain 2 1.03x (40 MT-bench first turns, interleaved; chain 4
+# 0.66x, dynamic 0.59x, EAGLE-1 static 0.55x on 16), and at batch 2-8 no tree beat vanilla (chain 1 0.96x at
+# batch 4): from batch 2 on speculation pauses ('none'; the drafter keeps following, 2-5% cost). Re-measure with
+# `eaglespec bench` (docs/BENCHMARKS.md) for other hardware or a stronger head.
 DEFAULT_TREE_TABLE: dict[int, TreeConfig] = {
-    1: TreeConfig.chain(2),
+    1: TreeConfig.chain(1),
     2: TreeConfig.none(),
 }
