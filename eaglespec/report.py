@@ -577,7 +577,7 @@ def plot_overview(out_dir: Path, records: Records, hw: str) -> str | None:
     for ax in axes:
         ax.set_ylim(0, top * 1.25)
         handles.update(zip(*reversed(ax.get_legend_handles_labels())))
-    axes[0].legend(handles.values(), handles.keys(), fontsize=8, loc="upper right")
+    axes[0].legend(handles.values(), handles.keys(), fontsize=8, loc="upper left")
     return _save(fig, out_dir, "overview.png", "Speedup over vanilla decoding by dataset and method",
                  f"{hw}; each dataset at its smallest batch size; bar labels: speedup and tau")
 
