@@ -194,8 +194,7 @@ def summary_table(records: Records) -> list[str]:
     """One row per dataset, temperature and method at the dataset's smallest batch size: the README summary."""
     rows = []
     for (ds, temp), rs in sorted(_groups(records, "dataset", "temperature").items()):
-        batch = _smallest_batch(rs)
-        rs = [r for r in rs if r["batch_size"] == batch]
+        batch, rs = at_smallest_batch(rs)
         vanilla = [r for r in rs if r["method"] == "vanilla"]
         for m in _methods(rs):
             mr = [r for r in rs if r["method"] == m]
@@ -386,13 +385,14 @@ def _tag(x: float) -> str:
     return f"{x:g}".replace(".", "p")
 
 
-def _smallest_batch(rs: Records) -> int:
-    return min(r["batch_size"] for r in rs)
+def at_smallest_batch(rs: Records) -> tuple[int, list[dict]]:
+    """(smallest batch size in rs, the records at that batch size): what per-dataset views compare."""
+    batch = min(r["batch_size"] for r in rs)
+    return batch, [r for r in rs if r["batch_size"] == batch]
 
 
 def plot_speedup_by_category(out_dir: Path, rs: Records, dataset: str, temp: float, hw: str) -> str | None:
-    batch = _smallest_batch(rs)
-    rs = [r for r in rs if r["batch_size"] == batch]
+    batch, rs = at_smallest_batch(rs)
     vanilla = [r for r in rs if r["method"] == "vanilla"]
     methods = [m for m in _methods(rs) if m != "vanilla"]
     if not vanilla or not methods:
@@ -421,9 +421,8 @@ def plot_speedup_by_category(out_dir: Path, rs: Records, dataset: str, temp: flo
 
 
 def plot_acceptance(out_dir: Path, rs: Records, temp: float, hw: str) -> str | None:
-    batch = _smallest_batch(rs)
-    rs = [r for r in rs if r["batch_size"] == batch and r.get("accepted_per_position") is not None
-          and r.get("method_kind") in ("eagle", "replay")]
+    batch, rs = at_smallest_batch(rs)
+    rs = [r for r in rs if r.get("accepted_per_position") is not None and r.get("method_kind") in ("eagle", "replay")]
     if not rs:
         return None
     fig, (ax,) = _figure()
@@ -477,8 +476,7 @@ def plot_batch_scaling(out_dir: Path, rs: Records, temp: float, hw: str) -> str 
 
 
 def plot_tau_vs_tree(out_dir: Path, rs: Records, temp: float, hw: str) -> str | None:
-    batch = _smallest_batch(rs)
-    rs = [r for r in rs if r["batch_size"] == batch]
+    batch, rs = at_smallest_batch(rs)
     vanilla = [r for r in rs if r["method"] == "vanilla"]
     points = []
     for m in _methods(rs):
@@ -546,6 +544,7 @@ def plot_overview(out_dir: Path, records: Records, hw: str) -> str | None:
     datasets = sorted({r["dataset"] for r in records})
     if not methods or not any(r["method"] == "vanilla" for r in records):
         return None
+    views = {key: at_smallest_batch(rs)[1] for key, rs in _groups(records, "dataset", "temperature").items()}
     fig, axes = _figure(len(temps))
     top = 1.0
     for ax, temp in zip(axes, temps):
@@ -553,10 +552,7 @@ def plot_overview(out_dir: Path, records: Records, hw: str) -> str | None:
         for j, m in enumerate(methods):
             xs, vals, labels = [], [], []
             for i, ds in enumerate(datasets):
-                rs = [r for r in records if r["dataset"] == ds and r["temperature"] == temp]
-                if not rs:
-                    continue
-                rs = [r for r in rs if r["batch_size"] == _smallest_batch(rs)]
+                rs = views.get((ds, temp), [])
                 mr = [r for r in rs if r["method"] == m]
                 sp = speedup(mr, [r for r in rs if r["method"] == "vanilla"])
                 if sp is None:
