@@ -210,15 +210,19 @@ def summary_table(records: Records) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
-def every_batch_prompts(records: Records) -> list[dict]:
-    """The records of the prompts (dataset, question, turn) that ran at every batch size present, so that
-    throughput across batch sizes compares the same work; all records when no prompt ran at all of them."""
+def every_batch_prompts(records: Records) -> tuple[list[dict], str]:
+    """(records, description): the records of the prompts (dataset, question, turn) that ran at every batch size
+    present, so that throughput across batch sizes compares the same work; all records, and a description that
+    says so, when no prompt ran at all of them."""
     batches = {r["batch_size"] for r in records}
     seen: dict[tuple, set] = defaultdict(set)
     for r in records:
         seen[(r["dataset"], r["question_id"], r["turn"])].add(r["batch_size"])
     keep = {p for p, bs in seen.items() if bs == batches}
-    return [r for r in records if (r["dataset"], r["question_id"], r["turn"]) in keep] or list(records)
+    if not keep:
+        return list(records), f"all {len(seen)} prompts (none ran at every batch size: unequal work per batch size)"
+    return [r for r in records if (r["dataset"], r["question_id"], r["turn"]) in keep], \
+        f"the {len(keep)} prompts run at every batch size"
 
 
 def batch_table(records: Records) -> list[str]:
@@ -228,9 +232,8 @@ def batch_table(records: Records) -> list[str]:
         batches = sorted({r["batch_size"] for r in rs})
         if len(batches) < 2:
             continue
-        rs = every_batch_prompts(rs)
-        n = len({(r["dataset"], r["question_id"], r["turn"]) for r in rs})
-        lines += [f"### Batch scaling, T={temp:g}: tokens/s (speedup), the {n} prompts run at every batch size", "",
+        rs, which = every_batch_prompts(rs)
+        lines += [f"### Batch scaling, T={temp:g}: tokens/s (speedup), {which}", "",
                   "| method | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---|" * len(batches)]
         for m in _methods(rs):
             cells = []
@@ -448,8 +451,7 @@ def plot_batch_scaling(out_dir: Path, rs: Records, temp: float, hw: str) -> str 
     batches = sorted({r["batch_size"] for r in rs})
     if len(batches) < 2:
         return None
-    rs = every_batch_prompts(rs)
-    n = len({(r["dataset"], r["question_id"], r["turn"]) for r in rs})
+    rs, which = every_batch_prompts(rs)
     fig, (ax_tp, ax_sp) = _figure(2)
     for m in _methods(rs):
         tp, sp, bs = [], [], []
@@ -472,7 +474,7 @@ def plot_batch_scaling(out_dir: Path, rs: Records, temp: float, hw: str) -> str 
     ax_sp.axhline(1.0, color="black", lw=1, ls="--")
     ax_sp.legend(fontsize=8)
     return _save(fig, out_dir, f"batch_scaling_T{_tag(temp)}.png",
-                 f"Throughput and speedup vs batch size: T={temp:g}, the {n} prompts run at every batch size", hw)
+                 f"Throughput and speedup vs batch size: T={temp:g}, {which}", hw)
 
 
 def plot_tau_vs_tree(out_dir: Path, rs: Records, temp: float, hw: str) -> str | None:

@@ -44,7 +44,16 @@ def test_metrics_match_hand_computed_values():
     assert report.tokens_per_s(batched) == pytest.approx(20 / 2.0)
     # batch scaling compares the same prompts: question 2 ran at batch 1 only, so it is left out
     sweep = [rec("vanilla", 1, 10, 9, 1.0), rec("vanilla", 2, 10, 9, 1.0), rec("vanilla", 1, 10, 9, 0.5, batch_n=2)]
-    assert {(r["question_id"], r["batch_size"]) for r in report.every_batch_prompts(sweep)} == {("1", 1), ("1", 2)}
+    kept, which = report.every_batch_prompts(sweep)
+    assert {(r["question_id"], r["batch_size"]) for r in kept} == {("1", 1), ("1", 2)} and "the 1 prompts" in which
+    # no prompt at every batch size: everything is kept, and the description says the work differs
+    kept, which = report.every_batch_prompts(sweep[1:2] + sweep[2:])
+    assert len(kept) == 2 and "none ran at every batch size" in which
+    # the overview leaves out eagle variants that only ran beside the default eagle, keeps the others
+    mixed = [rec("vanilla", 1, 5, 4, 1.0), rec("eagle", 1, 5, 4, 1.0), rec("eagle:chain3", 1, 5, 4, 1.0),
+             rec("hf", 1, 5, 4, 1.0), rec("vanilla", 2, 5, 4, 1.0, dataset="e"),
+             rec("eagle:chain5", 2, 5, 4, 1.0, dataset="e")]
+    assert report._overview_methods(mixed) == ["eagle", "hf", "eagle:chain5"]
     # the summary: one row per method, speedup and tau as above
     summary = report.summary_table(vanilla + eagle)
     assert "| d | 0 | 1 | vanilla | 2 | 22 | 11.0 | 1.00x | 1.00 |" in summary
