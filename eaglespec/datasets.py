@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DatasetError", "Question", "dataset_name", "encode_conversation", "load_questions"]
+__all__ = ["DatasetError", "Question", "dataset_name", "encode_conversation", "load_questions", "read_json_list_prefix",
+           "read_records"]
 
 GENERIC_STEMS = {"question", "questions", "test", "train", "data", "dev", "eval", "validation"}
 
@@ -98,6 +99,43 @@ def read_records(path: str | Path) -> list[dict]:
         if not isinstance(rec, dict):
             raise DatasetError(f"{path}: record {i} is a {type(rec).__name__}, expected a JSON object")
     return records
+
+
+def read_json_list_prefix(text: str, where: str = "data") -> tuple[list, int]:
+    """The complete elements of a JSON list that may be cut off mid-element, and how many characters of the
+    cut-off tail were dropped (0 for a complete list).
+
+    For files that ship truncated (e.g. a size-capped package of a large list): every element that parses
+    completely is kept; the partial one at the cut is dropped and reported, never half-read.
+    """
+    decoder = json.JSONDecoder()
+    i = len(text) - len(text.lstrip())
+    if not text.startswith("[", i):
+        raise DatasetError(f"{where}: not a JSON list (it does not start with '[')")
+    i += 1
+    out: list = []
+    n = len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n:
+            return out, 0  # cut right after an element or a comma: nothing partial to drop
+        if text[i] == "]":
+            return out, 0
+        if out:
+            if text[i] != ",":
+                raise DatasetError(f"{where}: malformed JSON list at character {i} (expected ',' or ']')")
+            i += 1
+            while i < n and text[i] in " \t\r\n":
+                i += 1
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            if not out:
+                raise DatasetError(f"{where}: the first element of the JSON list does not parse") from None
+            return out, n - i  # the partial element at the cut
+        out.append(value)
+        i = end
 
 
 def _turns(rec: dict) -> list[str] | None:
