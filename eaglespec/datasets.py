@@ -134,6 +134,8 @@ def read_json_list_prefix(text: str, where: str = "data") -> tuple[list, int]:
             if not out:
                 raise DatasetError(f"{where}: the first element of the JSON list does not parse") from None
             return out, n - i  # the partial element at the cut
+        if end == n and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return out, n - i  # a number at the very end may itself be cut (3334 -> 333)
         out.append(value)
         i = end
 

@@ -122,7 +122,8 @@ def build_plan(cfg: RegenConfig) -> tuple[list[Conversation], dict[str, Any]]:
         if overlaps and not cfg.drop_overlapping:
             raise overlap_error(overlaps, guard.n_prompts, cfg.exclude)
         dropped = sorted({o.train_id for o in overlaps})
-        convs = [c for c in convs if c.id not in set(dropped)]
+        bad = set(dropped)
+        convs = [c for c in convs if c.id not in bad]
     random.Random(cfg.seed).shuffle(convs)
     ident = hashlib.sha256("\n".join(c.id for c in convs).encode()).hexdigest()
     # identity: the conversations in order, the settings that shape answers, the inputs' contents (not paths)
@@ -217,10 +218,11 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
     plan_path = out / PLAN_FILE
     if plan_path.is_file():
         old = json.loads(plan_path.read_text())
-        if old.get("plan_sha256") != plan["plan_sha256"]:
+        if old.get("plan_sha256") != plan["plan_sha256"] or old.get("model", target.name) != target.name:
             raise PlanMismatchError(
-                f"{out} holds a regeneration with other inputs or settings (plan {old.get('plan_sha256')} vs "
-                f"{plan['plan_sha256']}); use another --output or the same command as before")
+                f"{out} holds a regeneration with other inputs, settings or model (plan {old.get('plan_sha256')} of "
+                f"{old.get('model')} vs {plan['plan_sha256']} of {target.name}); use another --output or the same "
+                f"command as before")
     plan["model"] = target.name
     _write_json(plan_path, plan)
 
@@ -289,7 +291,9 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
                                   "truncated": c.finish_reason == "length"}]
         n_answers += 1
         n_tokens += len(c.token_ids)
-        w.turn += 1
+        # an empty answer ends the conversation: a later turn asked after it could not be trained on faithfully
+        # (empty messages are dropped from training records)
+        w.turn += 1 if c.text.strip() else len(w.answers)
         if not ask(w):
             finish(w)
             bar.update(1)
