@@ -281,7 +281,7 @@ class Engine:
         positions = torch.arange(T, device=self.device).expand(len(seqs), T)
         hidden_indices = self.proposer.hidden_indices if self.proposer else ()
         out = self.model(tokens, positions, self.cache, rows=rows, logits_at=(lengths - 1)[:, None],
-                         hidden_indices=hidden_indices)
+                         hidden_indices=hidden_indices, prefill=True)
         self.cache.advance(rows, lengths)
         root = DraftTree.root_only(tokens[:, :1])
         verdict = self._verify(seqs, root, out.logits)  # [B, 1, V] logits -> first new token

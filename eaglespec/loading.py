@@ -49,6 +49,8 @@ CACHE_FORMAT_VERSION = 1  # bump when the layout of a cache entry changes
 MANIFEST_NAME = "eaglespec-cache.json"  # written last: its presence marks a complete entry
 _MIB = 1 << 20
 
+PACKED_DTYPES = ("int8", "int4")
+"""Packed-weight precisions (CPU): int8 per channel, int4 group-wise (a GGUF's own Q4 blocks when it has them)."""
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -421,11 +423,18 @@ def load_target(
     """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`."""
     from .model import ModelArgs, Transformer
 
-    torch_dtype = resolve_dtype(dtype, device)  # refuse a bad dtype before any slow work
+    packed = dtype.strip().lower() if isinstance(dtype, str) and dtype.strip().lower() in PACKED_DTYPES else None
+    if packed and torch.device(device).type != "cpu":
+        raise ModelLoadError(f"--dtype {packed} runs torch's CPU kernels; on {device} use bf16 or fp16")
+    torch_dtype = torch.float32 if packed else resolve_dtype(dtype, device)  # refuse a bad dtype first
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
     checkpoint = load_checkpoint(source, torch_dtype)
     args = ModelArgs.from_hf_config(checkpoint.hf_config)
     model = Transformer.from_state_dict(args, checkpoint.state_dict, torch_dtype, device)
+    if packed:
+        from .runtime.pack import pack_model
+
+        pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None)
     return Target(
         model=model,
         tokenizer=checkpoint.tokenizer,

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eaglespec.kvcache import ContextOverflowError, KVCache
+from eaglespec.runtime.quant import PackedLinear, linear
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -454,20 +455,21 @@ class DecoderLayer(nn.Module):
         self.b2 = param(h) if args.mlp_bias else None
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, layer: int,
-                plan: AttentionPlan) -> Tensor:
-        """x: [B, T, H] residual stream in, residual stream out (a new tensor)."""
+                plan: AttentionPlan, prefill: bool = False) -> Tensor:
+        """x: [B, T, H] residual stream in, residual stream out (a new tensor). ``prefill`` lets packed weights
+        pick their prompt kernel (runtime/quant.py)."""
         batch, n_new, _ = x.shape
         nh, nkv = self.n_heads, self.n_kv_heads
-        qkv = F.linear(rms_norm(x, self.attn_norm, self.eps), self.wqkv, self.bqkv)
+        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.wqkv, self.bqkv, prefill)
         qkv = qkv.view(batch, n_new, nh + 2 * nkv, self.head_dim)  # [B, T, heads, D]
         qk = qkv[:, :, : nh + nkv]
         if self.qk_norm is not None:
             qk = rms_norm(qk, self.qk_norm, self.eps)
         qk = apply_rotary(qk, *rope)  # [B, T, H + Hkv, D]
         attn = cached_attention(qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + nkv:], cache, layer, plan=plan)
-        x = x + F.linear(attn, self.wo, self.bo)
-        gate, up = F.linear(rms_norm(x, self.mlp_norm, self.eps), self.w13, self.b13).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w2, self.b2)
+        x = x + linear(attn, self.wo, self.bo, prefill)
+        gate, up = linear(rms_norm(x, self.mlp_norm, self.eps), self.w13, self.b13, prefill).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.w2, self.b2, prefill)
 
 
 @dataclass
@@ -495,6 +497,8 @@ class Transformer(nn.Module):
             self.lm_head_weight = nn.Parameter(torch.empty(args.vocab_size, args.hidden_size, dtype=dtype,
                                                            device=device), requires_grad=False)
         self.rotary = Rotary(args, device=device)
+        self.lm_head_packed: PackedLinear | None = None  # set by runtime.pack.pack_model
+        self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -612,6 +616,7 @@ class Transformer(nn.Module):
         block_mask: Tensor | None = None,
         logits_at: Tensor | Literal["all"] | None = None,
         hidden_indices: Sequence[int] = (),
+        prefill: bool = False,
     ) -> ForwardOutput:
         """Run T new tokens per batch entry over the cache (see docs/ARCHITECTURE.md).
 
@@ -624,6 +629,8 @@ class Transformer(nn.Module):
                 always visible.
             logits_at: None (no logits), "all", or int64 [B, K] block indices.
             hidden_indices: HF ``hidden_states`` indices (0 = embeddings, i = residual after layer i-1).
+            prefill: a prompt forward (packed weights may use their measured prompt kernel; decode and
+                verification forwards always use the packed one, so greedy identity holds).
         """
         batch, n_new = tokens.shape
         n_layers = self.args.num_hidden_layers
@@ -641,7 +648,7 @@ class Transformer(nn.Module):
         wanted = set(hidden_indices)
         saved: dict[int, Tensor] = {0: x} if 0 in wanted else {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, cache, i, plan)
+            x = layer(x, rope, cache, i, plan, prefill)
             if i + 1 in wanted:
                 saved[i + 1] = x
         hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)  # [B, T, H]
@@ -656,5 +663,5 @@ class Transformer(nn.Module):
             else:
                 idx = logits_at.to(device=hidden.device, dtype=torch.int64)  # [B, K]
                 picked = hidden.gather(1, idx[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, K, H]
-            logits = F.linear(picked, self.lm_head_weight).float()  # [B, K, V]
+            logits = linear(picked, self.lm_head_packed or self.lm_head_weight, prefill=prefill).float()  # [B, K, V]
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)

@@ -1,0 +1,1 @@
+"""The target runtime: model, KV cache, loading and weight formats."""

