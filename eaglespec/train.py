@@ -109,7 +109,10 @@ class TrainConfig:
     step_weight: float = field(default=0.8, metadata=_opt("loss weight of step j is step_weight ** j"))
     feature_noise: float | None = field(default=None, metadata=_opt(
         "uniform noise amplitude on input features (None = 0.1 for eagle1, 0 for eagle3)"))
-    ce_weight: float = field(default=0.1, metadata=_opt("EAGLE-1: weight of the soft cross-entropy"))
+    labels: str = field(default="soft", metadata=_opt(
+        "token objective: soft (cross-entropy to the target's distribution), hard (to its argmax) or mixed"))
+    hard_weight: float = field(default=0.5, metadata=_opt("labels=mixed: weight of the hard term (soft: 1 - it)"))
+    ce_weight: float = field(default=0.1, metadata=_opt("EAGLE-1: weight of the token cross-entropy"))
     feature_weight: float = field(default=1.0, metadata=_opt("EAGLE-1: weight of the SmoothL1 feature loss"))
     # ---- optimization
     lr: float = field(default=1e-4, metadata=_opt("peak learning rate (AdamW)"))
@@ -184,6 +187,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("lr must be > 0 and min_lr_ratio in [0, 1]")
+        if self.labels not in ("soft", "hard", "mixed"):
+            raise ValueError(f"labels must be soft, hard or mixed, got {self.labels!r}")
+        if not 0.0 <= self.hard_weight <= 1.0:
+            raise ValueError(f"hard_weight must be in [0, 1], got {self.hard_weight}")
         if len(self.betas) != 2:
             raise ValueError(f"betas takes two values, got {self.betas}")
 
@@ -334,6 +341,20 @@ def target_probs(hidden: Tensor, lm_weight: Tensor, steps: int) -> Tensor:
     return F.pad(logits.softmax(-1), (0, 0, 0, steps - 1))
 
 
+def token_loss(logits: Tensor, probs: Tensor, labels: str = "soft", hard_weight: float = 0.5) -> Tensor:
+    """[N] per-position loss of draft logits [N, V] against the target distribution probs [N, V].
+
+    soft: cross-entropy H(p, q) = -sum_v p_v log q_v (the KL to the target up to the target's entropy, so the
+    head learns the whole distribution, which is what sampled verification accepts against); hard:
+    cross-entropy to argmax p (what greedy verification accepts); mixed: (1 - w) soft + w hard."""
+    if labels == "soft":
+        return F.cross_entropy(logits, probs, reduction="none")
+    hard = F.cross_entropy(logits, probs.argmax(-1), reduction="none")
+    if labels == "hard":
+        return hard
+    return (1.0 - hard_weight) * F.cross_entropy(logits, probs, reduction="none") + hard_weight * hard
+
+
 def ttt_loss(outs: list[Tensor], logits: list[Tensor], batch: FeatureBatch, tg: StepTargets, probs: Tensor,
              head: DraftHead, cfg: TrainConfig, norm: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     """Loss of one micro-batch and detached stats [k, 4] (loss sum, counted, correct, accuracy positions).
@@ -349,7 +370,7 @@ def ttt_loss(outs: list[Tensor], logits: list[Tensor], batch: FeatureBatch, tg: 
         sel = tg.valid_acc[j]  # [B, P]
         p = probs[:, j : j + n][sel]  # [N, V_out] target distribution of the predicted token
         counted = tg.valid_loss[j][sel]  # [N]
-        per_pos = F.cross_entropy(lg.float(), p, reduction="none")  # [N] soft cross-entropy
+        per_pos = token_loss(lg.float(), p, cfg.labels, cfg.hard_weight)  # [N]
         if cfg.kind == "eagle1":
             f_true = hidden[:, j : j + n][sel].float()  # [N, H]
             l1 = F.smooth_l1_loss(out[sel].float(), f_true, reduction="none").mean(-1)  # [N]

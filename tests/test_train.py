@@ -329,3 +329,21 @@ def test_config_from_yaml_and_flags(tmp_path):
     assert args.betas == (0.8, 0.9) and args.progress is False and not hasattr(args, "lr")
     with pytest.raises(ValueError, match="exactly one of"):
         TrainConfig(features="a", data="b").validate()
+
+
+def test_token_loss_against_hand_computed_values():
+    import math
+
+    from eaglespec.train import token_loss
+
+    logits = torch.tensor([[2.0, 0.0, -1.0]])
+    probs = torch.tensor([[0.25, 0.7, 0.05]])  # the target's argmax (1) is not the draft's (0)
+    z = math.log(math.exp(2.0) + math.exp(0.0) + math.exp(-1.0))
+    logq = [2.0 - z, 0.0 - z, -1.0 - z]
+    soft = -(0.25 * logq[0] + 0.7 * logq[1] + 0.05 * logq[2])
+    hard = -logq[1]
+    assert token_loss(logits, probs, "soft").item() == pytest.approx(soft, rel=1e-6)
+    assert token_loss(logits, probs, "hard").item() == pytest.approx(hard, rel=1e-6)
+    assert token_loss(logits, probs, "mixed", 0.25).item() == pytest.approx(0.75 * soft + 0.25 * hard, rel=1e-6)
+    with pytest.raises(ValueError, match="labels must be soft, hard or mixed"):
+        TrainConfig(features="x", labels="kl").validate()
