@@ -208,6 +208,10 @@ class Engine:
                 key, req = self.waiting.popleft()
                 admitted.append(self._new_sequence(key, req, self.free_rows.pop(0)))
             self.active.extend(admitted)
+            # Row order: a full, contiguous set of rows is attended through views instead of gathered copies of
+            # the whole KV cache (continuous admission otherwise scatters the rows; measured 5-10x slower
+            # decode steps at batch 128 with 1K-token rows).
+            self.active.sort(key=lambda s: s.row)
             chunks = self._prefill(admitted)
         elif self.active:
             chunks = self._step(self.active)
