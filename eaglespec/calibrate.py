@@ -1,0 +1,143 @@
+"""Calibration: the target's and the draft's costs on THIS machine, measured once and cached.
+
+What a speculative step costs depends on the CPU (a 2-token float32 forward costs 1.07x a 1-token one on one
+Xeon, 1.66x on one EPYC), the precision, the thread count and the batch size, so no table tuned elsewhere can
+say which tree pays. ``calibrate`` measures, with warm-up:
+  * verify(b, n): a target forward of n tokens per row at batch b over a fixed prefix;
+  * draft(b, shape): the drafter's time per step for each candidate tree shape, by running the engine with
+    that shape for a few steps on a fixed prompt (replay-free: the real head, the real tree code).
+The result (a ``costmodel.CostTable``) is cached as JSON under the cache directory, keyed by a fingerprint
+of the machine (CPU model, cores, threads, torch version), the model, its precision and the head, and reused
+until one of them changes. ``eaglespec calibrate`` runs it explicitly and prints the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from .costmodel import CostTable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CALIBRATION_VERSION", "calibrate", "calibration_key", "load_or_calibrate"]
+
+CALIBRATION_VERSION = 1
+VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
+BATCHES = (1, 2, 4, 8)
+PREFIX = 128
+
+
+def _fingerprint() -> str:
+    from .runtime.quant import machine_fingerprint
+
+    return machine_fingerprint()
+
+
+def calibration_key(model_name: str, precision: str, head_id: str, batches: Sequence[int],
+                    candidates: Mapping[str, object]) -> str:
+    ident = json.dumps([CALIBRATION_VERSION, _fingerprint(), model_name, precision, head_id, list(batches),
+                        sorted(candidates)], sort_keys=True)
+    return hashlib.sha256(ident.encode()).hexdigest()[:20]
+
+
+def _time(fn, warmup: int = 1, reps: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+@torch.inference_mode()
+def measure_verify(model, batches: Sequence[int] = BATCHES, tokens: Sequence[int] | None = None,
+                   prefix: int | None = None) -> dict[tuple[int, int], float]:
+    """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
+    cached tokens (the minimum of 3 timed runs after a warm-up)."""
+    tokens = tokens or VERIFY_TOKENS
+    prefix = prefix or PREFIX
+    out: dict[tuple[int, int], float] = {}
+    dev = model.device
+    for b in batches:
+        cache = model.new_cache(b, prefix + max(tokens) + 1)
+        rows = torch.arange(b, device=dev)
+        toks = torch.randint(0, model.args.vocab_size, (b, prefix), device=dev)
+        model(toks, torch.arange(prefix, device=dev).expand(b, -1), cache, rows=rows, prefill=True)
+        cache.advance(rows, torch.full((b,), prefix, device=dev))
+        for n in tokens:
+            t = torch.randint(0, model.args.vocab_size, (b, n), device=dev)
+            pos = (prefix + torch.arange(n, device=dev)).expand(b, -1)
+            mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)).expand(b, n, n) if n > 1 else None
+            out[(b, n)] = _time(lambda: model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all"))
+    return out
+
+
+@torch.inference_mode()
+def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] = BATCHES,
+                  steps: int = 6) -> dict[tuple[int, str], float]:
+    """Seconds of drafting per step for each candidate (label -> tree config) at each batch size: the engine
+    runs ``steps`` decode steps with that tree on a fixed prompt (after a warm-up run) and reports draft_s."""
+    from .config import GenerationConfig
+    from .generate import Engine, Request
+
+    out: dict[tuple[int, str], float] = {}
+    prompt = list(range(5, 5 + PREFIX))
+    for label, tree in candidates.items():
+        if label == "none":
+            continue
+        for b in batches:
+            engine = Engine(target, make_proposer(tree), max_batch_size=b)
+            reqs = [Request(prompt, GenerationConfig(steps, ignore_eos=True)) for _ in range(b)]
+            engine.generate(reqs[:1])  # warm-up
+            done = engine.generate(reqs)
+            st = done[0].stats
+            out[(b, label)] = st.draft_s / max(st.target_forwards, 1)
+    return out
+
+
+def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] = BATCHES,
+              head_id: str = "", precision: str = "float32") -> CostTable:
+    t0 = time.perf_counter()
+    verify = measure_verify(target.model, batches)
+    draft = measure_draft(target, make_proposer, candidates, batches)
+    log.info("calibrated %d verify and %d draft costs in %.1f s", len(verify), len(draft), time.perf_counter() - t0)
+    return CostTable(verify, draft, _fingerprint())
+
+
+def _to_json(t: CostTable) -> dict:
+    return {"fingerprint": t.fingerprint, "verify": [[b, n, s] for (b, n), s in sorted(t.verify.items())],
+            "draft": [[b, lab, s] for (b, lab), s in sorted(t.draft.items())]}
+
+
+def _from_json(d: dict) -> CostTable:
+    return CostTable({(b, n): s for b, n, s in d["verify"]}, {(b, lab): s for b, lab, s in d["draft"]},
+                     d.get("fingerprint", ""))
+
+
+def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], cache_dir: str | os.PathLike[str],
+                      head_id: str = "", precision: str = "float32", batches: Sequence[int] = BATCHES,
+                      recalibrate: bool = False) -> tuple[CostTable, bool]:
+    """(table, measured_now): the cached table for this machine/model/precision/head, else a new one."""
+    key = calibration_key(target.name, precision, head_id, batches, candidates)
+    path = Path(cache_dir) / "calibration" / f"{key}.json"
+    if path.is_file() and not recalibrate:
+        try:
+            return _from_json(json.loads(path.read_text())), False
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("%s: unreadable calibration (%s); measuring again", path, e)
+    table = calibrate(target, make_proposer, candidates, batches, head_id, precision)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_to_json(table), indent=1))
+    os.replace(tmp, path)
+    return table, True

@@ -1,0 +1,153 @@
+"""The cost model of a speculative step: which tree pays, from measured costs and live acceptance.
+
+A step with tree shape s at batch size b costs ``draft(s, b) + verify(nodes(s), b)`` seconds and yields
+``E[tokens | s]`` tokens per row (the accepted draft tokens plus the bonus token). Its throughput relative to
+plain decoding is
+
+    speedup(s, b) = E[tokens | s] * verify(1, b) / (draft(s, b) + verify(nodes(s), b))
+
+and the dispatcher runs the shape with the highest predicted speedup, ``none`` (speedup 1 by definition)
+when nothing beats it. The costs come from a calibration on this machine (``calibrate.py``); the expected
+tokens from acceptance measured online:
+
+  * chains: ``E[tokens | chain d] = 1 + sum_{k=1..d} prod_{i<=k} a_i`` with a_i the conditional acceptance at
+    depth i (accepted at depth i given accepted at i - 1; EAGLE-2 paper, section 3 for why acceptance is
+    position dependent). One tracker per depth, exponentially decayed, updated from every verified chain.
+  * trees (static / dynamic): their own decayed mean of tokens per step, once measured; before that the
+    chain prediction of the same depth, so an unmeasured tree is worth trying exactly when its chain is.
+
+Pure functions and a small tracker; the dispatcher that uses them lives with the tree strategies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["AcceptanceTracker", "CostTable", "Choice", "chain_expected_tokens", "choose", "predicted_speedup"]
+
+
+def chain_expected_tokens(accept: Sequence[float], depth: int) -> float:
+    """1 + sum_k prod_{i<=k} a_i over the first ``depth`` conditional acceptances (missing depths count 0)."""
+    total, run = 1.0, 1.0
+    for i in range(depth):
+        run *= accept[i] if i < len(accept) else 0.0
+        total += run
+    return total
+
+
+@dataclass
+class CostTable:
+    """Measured seconds: ``verify[(b, n)]`` a target forward of n tokens per row at batch b, ``draft[(b, s)]``
+    the drafting of shape label s at batch b (0 for ``none``). Missing entries are interpolated along n."""
+
+    verify: dict[tuple[int, int], float]
+    draft: dict[tuple[int, str], float]
+    fingerprint: str = ""
+
+    def verify_cost(self, batch: int, n: int) -> float:
+        b = self._batch(batch)
+        ns = sorted(k[1] for k in self.verify if k[0] == b)
+        if n in ns:
+            return self.verify[(b, n)]
+        lo = max((x for x in ns if x < n), default=ns[0])
+        hi = min((x for x in ns if x > n), default=ns[-1])
+        if lo == hi:  # outside the measured range: scale the nearest linearly in n
+            return self.verify[(b, lo)] * n / lo
+        t = (n - lo) / (hi - lo)
+        return (1 - t) * self.verify[(b, lo)] + t * self.verify[(b, hi)]
+
+    def draft_cost(self, batch: int, label: str) -> float | None:
+        return self.draft.get((self._batch(batch), label))
+
+    def _batch(self, batch: int) -> int:
+        """The nearest measured batch size at or below ``batch`` (or the smallest)."""
+        bs = sorted({k[0] for k in self.verify})
+        return max((b for b in bs if b <= batch), default=bs[0])
+
+
+@dataclass
+class AcceptanceTracker:
+    """Exponentially decayed acceptance: per-depth conditional rates (chains) and tokens per step per shape.
+
+    ``prior`` are the rates assumed before any measurement (e.g. the head's offline-measured acceptance);
+    ``weight`` is how many steps' worth of evidence the prior carries."""
+
+    decay: float = 0.9
+    prior: tuple[float, ...] = (0.5, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3)
+    weight: float = 2.0
+    hits: list[float] = field(default_factory=list)
+    tries: list[float] = field(default_factory=list)
+    shape_tokens: dict[str, tuple[float, float]] = field(default_factory=dict)  # label -> (sum, weight)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if not self.hits:
+            self.hits = [p * self.weight for p in self.prior]
+            self.tries = [self.weight] * len(self.prior)
+
+    def rates(self) -> list[float]:
+        return [h / t if t > 0 else 0.0 for h, t in zip(self.hits, self.tries)]
+
+    def update_chain(self, drafted_depth: int, accepted: int) -> None:
+        """One verified path: ``accepted`` of ``drafted_depth`` chain tokens were accepted (the first miss
+        is a failed try at depth accepted + 1; deeper depths were not tried)."""
+        tried = min(drafted_depth, accepted + 1)
+        while len(self.hits) < tried:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        for i in range(len(self.hits)):
+            self.hits[i] *= self.decay
+            self.tries[i] *= self.decay
+        for i in range(tried):
+            self.tries[i] += 1.0
+            if i < accepted:
+                self.hits[i] += 1.0
+
+    def update_shape(self, label: str, tokens: float) -> None:
+        s, w = self.shape_tokens.get(label, (0.0, 0.0))
+        self.shape_tokens[label] = (s * self.decay + tokens, w * self.decay + 1.0)
+
+    def expected_tokens(self, label: str, chain_depth: int) -> float:
+        """Measured tokens per step of ``label`` when it has been run, else the chain prediction."""
+        if label in self.shape_tokens:
+            s, w = self.shape_tokens[label]
+            return s / w
+        return chain_expected_tokens(self.rates(), chain_depth)
+
+
+@dataclass(frozen=True)
+class Choice:
+    label: str
+    predicted_speedup: float
+    expected_tokens: float
+    step_s: float
+
+
+def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expected_tokens: float) -> float | None:
+    """E[tokens] * verify(b, 1) / (draft + verify(b, nodes)); None when the shape's draft cost is unmeasured."""
+    if label == "none":
+        return 1.0
+    draft = costs.draft_cost(batch, label)
+    if draft is None:
+        return None
+    return expected_tokens * costs.verify_cost(batch, 1) / (draft + costs.verify_cost(batch, nodes))
+
+
+def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int]], tracker: AcceptanceTracker,
+           margin: float = 1.0) -> Choice:
+    """The candidate (label -> (nodes, depth)) with the best predicted speedup; ``none`` unless something
+    beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise)."""
+    best = Choice("none", 1.0, 1.0, costs.verify_cost(batch, 1))
+    for label, (nodes, depth) in candidates.items():
+        if label == "none":
+            continue
+        e = tracker.expected_tokens(label, depth)
+        s = predicted_speedup(costs, batch, label, nodes, e)
+        if s is None:
+            continue
+        step = (costs.draft_cost(batch, label) or 0.0) + costs.verify_cost(batch, nodes)
+        if s > best.predicted_speedup * (margin if best.label == "none" else 1.0):
+            best = Choice(label, s, e, step)
+    return best

@@ -1,0 +1,116 @@
+"""The acceptance-aware dispatcher: picks the tree (or no drafting) per step from measured costs and live,
+per-request acceptance (``costmodel.py`` has the formulas).
+
+* Each cache row (request) has its own ``AcceptanceTracker``, started from the dispatcher's pooled one (what
+  earlier requests showed about this head) and updated after every verification of that row.
+* Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
+  per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size.
+* A batch that stopped drafting (choice ``none``) keeps its draft cache in sync and probes: every
+  ``probe_every`` steps it drafts the cheapest candidate once, so acceptance that recovers is seen again.
+* ``last`` holds the latest ``costmodel.Choice`` (label, predicted speedup, expected tokens, step seconds):
+  the engine's stats, ``--json``, bench records and the server's metrics report it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .costmodel import AcceptanceTracker, Choice, CostTable, choose
+from .tree import TreeConfig
+
+__all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES", "tree_label"]
+
+
+def tree_label(cfg: TreeConfig) -> str:
+    if cfg.kind == "chain":
+        return f"chain{cfg.depth}"
+    if cfg.kind == "dynamic":
+        return f"dynamic{cfg.depth}x{cfg.topk}:{cfg.tree_tokens}"
+    if cfg.kind == "static":
+        return f"static{cfg.num_nodes}"
+    return "none"
+
+
+def _depth(cfg: TreeConfig) -> int:
+    return 0 if cfg.kind == "none" else cfg.shape.max_depth if cfg.kind == "static" else cfg.depth
+
+
+DEFAULT_CANDIDATES: tuple[TreeConfig, ...] = (
+    TreeConfig.chain(1), TreeConfig.chain(2), TreeConfig.chain(3), TreeConfig.chain(4), TreeConfig.chain(6),
+    TreeConfig.dynamic(topk=4, depth=5, tree_tokens=16),
+)
+
+
+class AdaptiveDispatcher:
+    """``pick(batch_size) -> TreeConfig`` like ``tree.TreeDispatcher``, plus ``observe`` after verification."""
+
+    def __init__(self, costs: CostTable, candidates: Sequence[TreeConfig] = DEFAULT_CANDIDATES,
+                 prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
+                 margin: float = 1.02):
+        if repick_every < 1 or probe_every < 1:
+            raise ValueError("repick_every and probe_every must be >= 1")
+        self.costs = costs
+        self.candidates = {tree_label(c): c for c in candidates if c.kind != "none"}
+        self.none = TreeConfig.none()
+        self.pooled = prior or AcceptanceTracker()
+        self.rows: dict[int, AcceptanceTracker] = {}
+        self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
+        self.last: Choice | None = None
+        self._current: TreeConfig = self.none
+        self._steps = 0
+        self._since_draft = 0
+        self._active_rows: list[int] = []
+
+    @property
+    def configs(self) -> list[TreeConfig]:
+        return [self.none, *self.candidates.values()]
+
+    # ---------------------------------------------------------------------------------------- per row
+    def start_row(self, row: int) -> None:
+        """A new request took this cache row: its tracker starts from the pooled acceptance."""
+        p = self.pooled
+        self.rows[row] = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
+                                           shape_tokens=dict(p.shape_tokens))
+
+    def end_row(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def observe(self, rows: Sequence[int], cfg: TreeConfig, n_accepted: Sequence[int]) -> None:
+        """After verifying ``cfg`` for these rows: accepted draft tokens per row."""
+        if cfg.kind == "none":
+            return
+        label = tree_label(cfg)
+        for r, k in zip(rows, n_accepted):
+            for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pooled):
+                if cfg.kind == "chain":
+                    t.update_chain(cfg.depth, k)
+                else:
+                    t.update_shape(label, k + 1.0)
+
+    # ----------------------------------------------------------------------------------------- choice
+    def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
+        ts = [self.rows[r] for r in rows if r in self.rows] or [self.pooled]
+        n = max(len(t.hits) for t in ts)
+        rates = [sum((t.rates() + [0.0] * n)[i] for t in ts) / len(ts) for i in range(n)]
+        shapes = {}
+        for label in {k for t in ts for k in t.shape_tokens}:
+            have = [t.shape_tokens[label] for t in ts if label in t.shape_tokens]
+            shapes[label] = (sum(s / w for s, w in have) / len(have), 1.0)
+        return AcceptanceTracker(1.0, tuple(rates), 1.0, shape_tokens=shapes)
+
+    def pick(self, batch_size: int, rows: Sequence[int] | None = None) -> TreeConfig:
+        if self._steps % self.repick_every == 0 or self.last is None:
+            tracker = self._batch_tracker(rows if rows is not None else list(self.rows))
+            cands = {label: (c.num_nodes, _depth(c)) for label, c in self.candidates.items()}
+            self.last = choose(self.costs, batch_size, cands, tracker, self.margin)
+            self._current = self.candidates.get(self.last.label, self.none)
+        self._steps += 1
+        cfg = self._current
+        if cfg.kind == "none":
+            self._since_draft += 1
+            if self._since_draft >= self.probe_every and self.candidates:
+                self._since_draft = 0
+                return min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
+        else:
+            self._since_draft = 0
+        return cfg
