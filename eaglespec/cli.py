@@ -78,6 +78,9 @@ def _add_draft_args(p: argparse.ArgumentParser) -> None:
                    help="0 = top-k draft children; > 0 = children sampled from the draft (chain/static)")
     d.add_argument("--draft-alignment", default="stable", choices=["stable", "last"],
                    help="draft KV after verification: re-encode accepted tokens (stable) or only the tail (last)")
+    d.add_argument("--no-calibrate", action="store_true",
+                   help="--tree auto: use the static table by batch size instead of this machine's measured "
+                        "costs and live acceptance")
 
 
 def draft_options(args: argparse.Namespace):
@@ -85,7 +88,8 @@ def draft_options(args: argparse.Namespace):
 
     return DraftOptions(draft=args.draft, tree=args.tree, depth=args.depth, topk=args.topk,
                         tree_tokens=args.tree_tokens, tree_paths=args.tree_paths,
-                        draft_temperature=args.draft_temperature, alignment=args.draft_alignment, seed=args.seed)
+                        draft_temperature=args.draft_temperature, alignment=args.draft_alignment, seed=args.seed,
+                        calibrate=not getattr(args, "no_calibrate", False))
 
 
 def _completion_record(c, prompt: str) -> dict:

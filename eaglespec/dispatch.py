@@ -61,6 +61,9 @@ class AdaptiveDispatcher:
         self._since_draft = 0
         self._active_rows: list[int] = []
 
+    def __repr__(self) -> str:
+        return f"AdaptiveDispatcher(candidates={list(self.candidates)}, calibrated on {self.costs.fingerprint!r})"
+
     @property
     def configs(self) -> list[TreeConfig]:
         return [self.none, *self.candidates.values()]

@@ -56,7 +56,8 @@ class EagleProposer:
         if alignment not in ("stable", "last"):
             raise ValueError(f"alignment must be 'stable' or 'last', got {alignment!r}")
         self.head = head
-        self.dispatcher = trees if isinstance(trees, TreeDispatcher) else TreeDispatcher({1: trees})
+        # a fixed tree, a table by batch size (TreeDispatcher) or the acceptance-aware dispatch.AdaptiveDispatcher
+        self.dispatcher = TreeDispatcher({1: trees}) if isinstance(trees, TreeConfig) else trees
         if draft_temperature < 0:
             raise ValueError(f"draft_temperature must be >= 0, got {draft_temperature}")
         if draft_temperature > 0 and any(c.kind == "dynamic" for c in self.dispatcher.configs):
@@ -87,6 +88,9 @@ class EagleProposer:
 
     def release(self, rows: Tensor) -> None:
         self.cache.reset(rows)
+        if hasattr(self.dispatcher, "end_row"):
+            for r in rows.tolist():
+                self.dispatcher.end_row(r)
 
     def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor) -> None:
         """Encode the prompt pairs (f_i, t_{i+1}), i < P, with the last pair using the pending token."""
@@ -98,9 +102,16 @@ class EagleProposer:
         o = self.head(h, shifted, positions, self.cache, rows=rows)  # [B, T, H]
         self.cache.advance(rows, lengths)
         self.last_h[rows] = o.gather(1, (lengths - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+        if hasattr(self.dispatcher, "start_row"):
+            for r in rows.tolist():
+                self.dispatcher.start_row(r)
 
     def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor) -> DraftTree:
-        cfg = self.dispatcher.pick(int(rows.numel()))
+        if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
+            cfg = self.dispatcher.pick(int(rows.numel()), rows.tolist())
+        else:
+            cfg = self.dispatcher.pick(int(rows.numel()))
+        self._cfg = cfg
         draft = {"chain": self._draft_chain, "static": self._draft_static, "dynamic": self._draft_dynamic,
                  "none": self._draft_none}
         tree, node_slot = draft[cfg.kind](cfg, rows, pending, prefix_lengths)
@@ -110,6 +121,8 @@ class EagleProposer:
     def commit(self, rows: Tensor, tree: DraftTree, verdict, out) -> None:
         """Append the accepted pairs to the draft cache and refresh last_h (see the module docstring)."""
         d = self._drafted
+        if hasattr(self.dispatcher, "observe"):
+            self.dispatcher.observe(rows.tolist(), self._cfg, verdict.n_accepted.tolist())
         B, D1 = verdict.path.shape  # path [B, D+1]: root first, -1 padded
         k = verdict.n_accepted  # [B]
         path = verdict.path.clamp(min=0)

@@ -41,6 +41,10 @@ class DraftOptions:
     """Draft-KV alignment after verification: "stable" (re-encode accepted tokens with true features) or
     "last" (keep drafted K/V, re-encode only the tail; Meta)."""
     seed: int | None = None
+    calibrate: bool = True
+    """tree "auto": pick the tree per step from this machine's measured costs and live acceptance
+    (dispatch.AdaptiveDispatcher; calibration cached per machine, model, precision and head); False = the
+    static table by batch size (tree.DEFAULT_TREE_TABLE)."""
 
     def tree_config(self) -> TreeDispatcher:
         if self.tree == "auto":
@@ -104,5 +108,33 @@ def build_proposer(target, opts: DraftOptions, dtype=None):
         return None
     head = load_head(head_dir, target.model, dtype=dtype or target.model.dtype, device=target.model.device)
     head.eval()
+    if opts.tree == "auto" and opts.calibrate:
+        trees = adaptive_dispatcher(target, head, head_dir, opts)
     return EagleProposer(head, trees, alignment=opts.alignment, draft_temperature=opts.draft_temperature,
                          seed=opts.seed)
+
+
+def adaptive_dispatcher(target, head, head_dir: Path, opts: DraftOptions):
+    """The acceptance-aware dispatcher over the default candidates, with this machine's cached calibration
+    (measured now if there is none: tens of seconds on a 2-core CPU)."""
+    import hashlib
+
+    from .calibrate import load_or_calibrate
+    from .dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher, tree_label
+    from .loading import cache_root
+    from .proposer import EagleProposer
+
+    # draft sampling needs chain/static trees (a dynamic tree's rerank breaks the sampled-children rule)
+    cands = [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
+    files = sorted(Path(head_dir).glob("*.json")) + sorted(Path(head_dir).glob("*.safetensors"))
+    head_id = hashlib.sha256("".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+                             .encode()).hexdigest()[:16]
+
+    def make(tree):
+        return EagleProposer(head, tree, alignment=opts.alignment)
+
+    costs, measured = load_or_calibrate(target, make, {tree_label(c): c for c in cands}, cache_root(),
+                                        head_id=head_id, precision=getattr(target.model, "precision", "?"))
+    if measured:
+        log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())
+    return AdaptiveDispatcher(costs, cands)

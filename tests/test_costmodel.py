@@ -95,3 +95,38 @@ def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
     assert not measured and again.verify == table.verify and again.draft == table.draft
     with pytest.raises(AssertionError, match="measured again"):  # another head is another calibration
         cal.load_or_calibrate(target, None, cands, tmp_path, head_id="other", batches=(1, 2))
+
+
+def _greedy_runs(target, proposer, prompts, n=32):
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.generate import Engine, Request
+
+    reqs = [Request(p, GenerationConfig(n, ignore_eos=True)) for p in prompts]
+    with torch.inference_mode():
+        return [c.token_ids for c in Engine(target, proposer, max_batch_size=2).generate(reqs)]
+
+
+def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
+    from eaglespec.dispatch import AdaptiveDispatcher
+    from eaglespec.proposer import EagleProposer
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    prompts = [tiny_tokenizer().encode(p) for p in PROMPTS]
+    vanilla = _greedy_runs(target, None, prompts)
+    costs = flat_costs(batches=(1, 2))
+    runs, picks = [], []
+    for _ in range(2):
+        d = AdaptiveDispatcher(costs, repick_every=2, probe_every=3)
+        seen = []
+        orig = d.pick
+        d.pick = lambda b, rows=None: seen.append(orig(b, rows)) or seen[-1]
+        runs.append(_greedy_runs(target, EagleProposer(make_head(target, "eagle3"), d), prompts))
+        picks.append([c.kind for c in seen])
+    assert runs[0] == vanilla and runs[1] == vanilla
+    assert picks[0] == picks[1]  # same choices step by step
+    # a random head is (almost) never accepted: the dispatcher mostly stops drafting and probes
+    assert picks[0].count("none") > len(picks[0]) / 2 and "chain" in picks[0]
