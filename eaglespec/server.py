@@ -214,6 +214,8 @@ async def _read_request(request: Request, schema: type[BaseModel], max_bytes: in
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # json.loads recurses once per nesting level: `[[[[...` past ~1000 levels
+        raise ApiError(400, "the request body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
     try:
