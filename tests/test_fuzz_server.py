@@ -186,3 +186,18 @@ def test_extreme_sampling_values_behave_like_their_limit(app_client, temperature
     greedy = app_client.post(ROUTES[1], json={**body, "temperature": 0}).json()
     r = app_client.post(ROUTES[1], json={**body, "temperature": temperature, "top_p": top_p, "seed": 1}).json()
     assert r["choices"][0]["text"] == greedy["choices"][0]["text"] and r["usage"] == greedy["usage"]
+
+
+def test_binding_beyond_localhost_without_a_key_warns():
+    import argparse
+
+    from eaglespec.server import exposure_warning, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["serve"]).host == "127.0.0.1"  # localhost unless told otherwise
+    for host in ("127.0.0.1", "localhost", "::1"):
+        assert exposure_warning(host, None) is None
+    for host in ("0.0.0.0", "::", "192.168.1.5"):
+        assert "without an API key" in exposure_warning(host, None)
+        assert exposure_warning(host, "sekrit") is None
