@@ -702,8 +702,19 @@ def read_prepared(path: str | os.PathLike[str]) -> tuple[list[PreparedRecord], d
         raise FileNotFoundError(f"{directory}: no {MANIFEST_FILE} (run `eaglespec prepare-data` first)")
     manifest = json.loads(manifest_path.read_text())
     records = []
-    with open(directory / manifest.get("data_file", DATA_FILE), encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            records.append(PreparedRecord(rec["id"], rec["input_ids"], rec["loss_mask"]))
+    data_path = directory / manifest.get("data_file", DATA_FILE)
+    with open(data_path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                rec = json.loads(line)
+                ids, mask = rec["input_ids"], rec["loss_mask"]
+                ok = (isinstance(ids, list) and isinstance(mask, list) and len(ids) == len(mask) > 0
+                      and all(type(t) is int and t >= 0 for t in ids) and all(m in (0, 1) for m in mask))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{data_path}:{lineno}: corrupt record ({type(e).__name__}: {e}); "
+                                 f"rerun `eaglespec prepare-data`") from None
+            if not ok:
+                raise ValueError(f"{data_path}:{lineno}: corrupt record: input_ids and loss_mask must be equally "
+                                 f"long non-empty lists of token ids and 0/1; rerun `eaglespec prepare-data`")
+            records.append(PreparedRecord(rec["id"], ids, mask))
     return records, manifest

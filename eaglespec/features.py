@@ -271,8 +271,6 @@ class FeatureStore:
     """Random access to the records of a capture directory (memory-mapped slices of the shards)."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        from safetensors import safe_open
-
         self.directory = Path(directory)
         path = self.directory / MANIFEST_FILE
         if not path.is_file():
@@ -289,13 +287,33 @@ class FeatureStore:
         self.lengths: list[int] = []
         self.record_index: list[int] = []
         for s in self.manifest["shards"]:
-            f = safe_open(str(self.directory / s["file"]), framework="pt")
-            offsets = f.get_tensor("offsets").tolist()
+            f, offsets = self._open_shard(self.directory / s["file"])
             self._files.append(f)
             self._offsets.append(offsets)
             self._first.append(len(self.lengths))
             self.lengths += [b - a for a, b in zip(offsets, offsets[1:])]
             self.record_index += f.get_tensor("record_index").tolist()
+
+    def _open_shard(self, path: Path) -> tuple[Any, list[int]]:
+        """Open a shard and check that its tensors cover its records; a damaged shard is refused naming it."""
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            f = safe_open(str(path), framework="pt")
+            offsets = f.get_tensor("offsets").tolist()
+            keys = set(f.keys())
+            rows = {k: f.get_slice(k).get_shape()[0] for k in ("input_ids", "loss_mask", "top1", "hidden")}
+        except (SafetensorError, OSError, KeyError, ValueError) as e:
+            raise ValueError(f"{path}: unreadable feature shard ({e}); rerun `eaglespec capture-features`") from None
+        if self.hidden_indices and "aux" in keys:
+            rows["aux"] = f.get_slice("aux").get_shape()[0]
+        bad = ((not offsets or offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])))
+               or any(n != offsets[-1] for n in rows.values()))
+        if bad:
+            raise ValueError(f"{path}: corrupt feature shard: offsets do not match the tensors' rows "
+                             f"({ {k: n for k, n in rows.items()} }, last offset {offsets[-1] if offsets else None}); "
+                             f"rerun `eaglespec capture-features`")
+        return f, offsets
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -686,6 +686,11 @@ def _check_fits(config: HeadConfig, target: ModelArgs, where: str) -> None:
         problems.append(f"hidden_size {config.hidden_size} != the target's {target.hidden_size} (shared embedding)")
     if config.target_hidden_size != target.hidden_size:
         problems.append(f"target_hidden_size {config.target_hidden_size} != the target's hidden size {target.hidden_size}")
+    for name, limit in (("intermediate_size", 16 * target.intermediate_size),
+                        ("num_hidden_layers", target.num_hidden_layers),
+                        ("num_attention_heads", 16 * target.num_attention_heads)):
+        if getattr(config, name) > limit:  # absurd sizes would allocate before anything else fails
+            problems.append(f"{name} {getattr(config, name)} is absurd for this target (at most {limit})")
     bad = [i for i in config.feature_layer_ids if i > target.num_hidden_layers]
     if bad:
         problems.append(f"feature_layer_ids {list(config.feature_layer_ids)} reach beyond the target's "

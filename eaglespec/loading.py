@@ -243,6 +243,7 @@ def converted_dir(gguf_path: Path) -> Path:
         _discard(final)
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError(f"reading {gguf_path.name} needs the gguf package: {GGUF_INSTALL}")
+    check_gguf(gguf_path)
 
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -270,6 +271,29 @@ def converted_dir(gguf_path: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing left there after a successful rename
     return final
+
+
+def check_gguf(gguf_path: str | Path) -> None:
+    """Refuse a truncated or corrupt GGUF file (unreadable header, tensor data past the end of the file, NaN/inf
+    in its float tensors) with a ModelLoadError naming the file, before any slow conversion."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    gguf_path = Path(gguf_path)
+    size = gguf_path.stat().st_size
+    try:
+        reader = GGUFReader(str(gguf_path))
+        tensors = list(reader.tensors)
+    except Exception as e:  # gguf raises ValueError, IndexError, struct errors, ... on a damaged header
+        raise ModelLoadError(f"{gguf_path}: unreadable GGUF file, truncated or corrupt ({type(e).__name__}: {e})") \
+            from None
+    for t in tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size or t.data.nbytes != int(t.n_bytes):
+            raise ModelLoadError(f"{gguf_path}: truncated GGUF file: tensor {t.name} needs bytes up to {end} but the "
+                                 f"file has {size}")
+        if t.tensor_type.name in ("F32", "F16") and not np.isfinite(t.data).all():
+            raise ModelLoadError(f"{gguf_path}: tensor {t.name} holds non-finite values (NaN/inf)")
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:

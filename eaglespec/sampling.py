@@ -45,7 +45,12 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top
     if temperature == 0:
         top = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
         return torch.zeros_like(logits).scatter_(-1, top, 1.0)
-    logits = logits / temperature
+    if temperature < 1e-2:
+        # 1 / temperature can overflow float32 (or temperature underflow to 0): shift the maximum to 0 first and
+        # divide by at least float32's smallest normal, so the top token stays finite and the others go to -inf.
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, torch.finfo(torch.float32).tiny)
+    else:
+        logits = logits / temperature
     if 0 < top_k < V:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]  # [..., 1], the k-th largest scaled logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -53,7 +58,8 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)  # [..., V] each
         mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # [..., V] mass of the strictly more likely tokens
-        drop_sorted = mass_before >= top_p  # position 0 has mass_before == 0 < top_p: always kept
+        drop_sorted = mass_before >= top_p  # [..., V]
+        drop_sorted[..., 0] = False  # the most likely token is always kept (a top_p below float32's range is 0)
         drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)  # back to vocabulary order
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)

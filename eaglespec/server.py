@@ -214,6 +214,8 @@ async def _read_request(request: Request, schema: type[BaseModel], max_bytes: in
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # json.loads recurses once per nesting level: `[[[[...` past ~1000 levels
+        raise ApiError(400, "the request body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
     try:
@@ -453,6 +455,14 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when the server listens beyond this machine without an API key (None otherwise)."""
+    if api_key or host in ("127.0.0.1", "localhost", "::1") or host.startswith("127."):
+        return None
+    return (f"listening on {host} without an API key: anyone who can reach this interface can use the model; "
+            f"pass --api-key (or set EAGLESPEC_API_KEY), or bind 127.0.0.1")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -479,6 +489,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_batch_size=args.max_batch_size, max_queue=args.max_queue, max_model_len=max_len,
                           api_key=args.api_key or None)
     app = create_app(target, proposer, config)
+    if (warning := exposure_warning(args.host, config.api_key)) is not None:
+        log.warning(warning)
     log.info("serving `%s` on http://%s:%d/v1", config.served_model_name, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

@@ -536,6 +536,19 @@ def latest_checkpoint(cfg: TrainConfig) -> Path | None:
     return steps[-1] if steps else None
 
 
+def _read_state(path: Path) -> dict[str, Any]:
+    """The training state of a checkpoint; a truncated or foreign file is refused naming it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a damaged file
+        raise ValueError(f"{path}: unreadable training checkpoint ({type(e).__name__}: {e}); remove its directory "
+                         f"to resume from the previous checkpoint") from None
+    missing = [k for k in ("config", "world_size", "step", "optimizer") if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{path}: not an eaglespec training checkpoint (missing {', '.join(missing)})")
+    return state
+
+
 def _save_checkpoint(cfg: TrainConfig, head: DraftHead, state: dict[str, Any], step: int) -> Path:
     root = _checkpoint_root(cfg)
     root.mkdir(parents=True, exist_ok=True)
@@ -600,6 +613,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     if ckpt is not None and not resume:
         raise ValueError(f"{out} already holds checkpoints ({ckpt.name}); pass --resume to continue the run "
                          f"or choose another out_dir")
+    state = _read_state(ckpt / STATE_FILE) if ckpt is not None else None  # refuse a bad one before the data work
     data = _build_data(cfg, target, info)
 
     torch.manual_seed(cfg.seed)
@@ -610,9 +624,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
         max_position_embeddings=target.model.args.max_position_embeddings,
     ).to(device=device, dtype=torch.float32)
 
-    state: dict[str, Any] | None = None
-    if ckpt is not None:
-        state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+    if state is not None:
         changed = [k for k in TrainConfig.RESUME_FIXED if state["config"].get(k) != cfg.to_dict().get(k)]
         if changed or state["world_size"] != info.world_size:
             raise ValueError(f"cannot resume {ckpt}: it was trained with other "

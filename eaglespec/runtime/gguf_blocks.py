@@ -99,6 +99,9 @@ def read_quant_tensors(path: str | Path, names: list[str] | None = None) -> dict
     is refused with a ``GGUFTypeError`` naming the tensor and its type."""
     from gguf import GGUFReader
 
+    from ..loading import check_gguf
+
+    check_gguf(path)
     reader = GGUFReader(str(path))
     out: dict[str, QuantTensor] = {}
     for t in reader.tensors:
