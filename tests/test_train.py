@@ -347,3 +347,35 @@ def test_token_loss_against_hand_computed_values():
     assert token_loss(logits, probs, "mixed", 0.25).item() == pytest.approx(0.75 * soft + 0.25 * hard, rel=1e-6)
     with pytest.raises(ValueError, match="labels must be soft, hard or mixed"):
         TrainConfig(features="x", labels="kl").validate()
+
+
+def test_a_kill_during_a_checkpoint_write_resumes_bit_identically(tiny):
+    """What kill -9 can leave mid-checkpoint: a half-written temporary step directory (truncated state.pt),
+    a finished step directory the `latest` pointer does not name yet, a stray pointer temp file. Resuming
+    uses the newest checkpoint the pointer names and ends bit-identical to the uninterrupted run."""
+    import shutil
+
+    target, root = tiny
+    common = dict(model=str(root / "model"), data=str(root / "data"), max_steps=70, checkpoint_every=20,
+                  eval_every=0, eval_records=8, eval_acceptance_prompts=0, draft_vocab_size=None, batch_size=8,
+                  lr=3e-3, warmup_steps=5, threads=1, progress=False, keep_checkpoints=3)
+    straight = root / "ckpt-straight"
+    train(TrainConfig(out_dir=str(straight), **common), target)
+    out = root / "ckpt-killed"
+    shutil.copytree(straight, out)
+    ckpts = out / "checkpoints"
+    shutil.rmtree(out / "head")  # the run "died" before its end
+    steps = sorted(p.name for p in ckpts.glob("step-*"))
+    assert len(steps) >= 3, steps
+    newest = steps[-1]
+    half = ckpts / f".{newest}.tmp-4242"  # killed while writing the newest checkpoint ...
+    shutil.copytree(ckpts / newest, half)
+    state = half / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 3])  # ... in the middle of state.pt
+    shutil.rmtree(ckpts / newest)
+    (ckpts / "latest").write_text(steps[-3])  # and, earlier, between renaming a step and moving the pointer
+    (ckpts / ".latest.tmp-4242").write_text("step-000")
+    train(TrainConfig(out_dir=str(out), **common), target, resume=True)
+    a, b = load_head(out / "head", target.model), load_head(straight / "head", target.model)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
