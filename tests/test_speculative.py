@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.generate import Engine, Request
-from eaglespec.heads import DraftHead
-from eaglespec.proposer import EagleProposer, ReplayProposer
-from eaglespec.tree import EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.heads import DraftHead
+from eaglespec.spec.proposer import EagleProposer, ReplayProposer
+from eaglespec.spec.tree import EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
 from helpers import tiny_target, tiny_tokenizer
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "1 2 3 4 5 6", "Café, naïve", "Speculative decoding"]

@@ -1,9 +1,9 @@
-"""Oracles for eaglespec.tree: hand-written masks, paths and selections; a brute-force rerank check."""
+"""Oracles for eaglespec.spec.tree: hand-written masks, paths and selections; a brute-force rerank check."""
 
 import pytest
 import torch
 
-from eaglespec.tree import (
+from eaglespec.spec.tree import (
     DEFAULT_TREE_TABLE,
     EAGLE1_TREE_PATHS,
     DraftTree,

@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .heads import DraftHead
-from .tree import (
+from eaglespec.spec.heads import DraftHead
+from eaglespec.spec.tree import (
     DraftTree,
     TreeConfig,
     TreeDispatcher,

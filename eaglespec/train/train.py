@@ -58,9 +58,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .features import FeatureBatch, FeatureStore, OfflineFeatures, OnlineFeatures
-from .heads import DraftHead, HeadConfig, load_head, save_head
-from .model import apply_rotary
+from eaglespec.train.features import FeatureBatch, FeatureStore, OfflineFeatures, OnlineFeatures
+from eaglespec.spec.heads import DraftHead, HeadConfig, load_head, save_head
+from eaglespec.runtime.model import apply_rotary
 
 log = logging.getLogger(__name__)
 
@@ -447,7 +447,7 @@ def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
         ev = OfflineFeatures(store, eval_idx, cfg.batch_size, cfg.seed, 1, 0, want_aux, cfg.max_len) \
             if eval_idx else None
         return _Data(train, ev, train_idx, eval_idx, store.tokens, ids if want_aux else ())
-    from .data import read_prepared
+    from eaglespec.train.data import read_prepared
 
     records, _ = read_prepared(cfg.data)
     ids: tuple[int, ...] = ()
@@ -491,12 +491,12 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     """Greedy chain decoding through ``generate.Engine`` with ``proposer.EagleProposer``: tau (mean accepted
     length, bonus included) and per-position acceptance. None when the proposer module does not exist yet."""
     try:
-        from .proposer import EagleProposer
+        from eaglespec.spec.proposer import EagleProposer
     except ImportError:
         return None
-    from .config import GenerationConfig
-    from .generate import Engine, Request
-    from .tree import TreeConfig
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.tree import TreeConfig
 
     prompts = [list(p) for p in prompts if p]
     if not prompts:
@@ -593,7 +593,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     out = Path(cfg.out_dir)
     device = info.device
     if target is None:
-        from .loading import load_target
+        from eaglespec.runtime.loading import load_target
 
         target = load_target(cfg.model, cfg.model_dtype, device)
     ckpt = latest_checkpoint(cfg)
@@ -675,7 +675,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
                 acc = acceptance_eval(target, head, prompts, cfg.eval_chain_depth or cfg.ttt_steps,
                                       cfg.eval_max_new_tokens)
                 if acc is None:
-                    log.info("acceptance eval skipped: eaglespec.proposer.EagleProposer is not available")
+                    log.info("acceptance eval skipped: eaglespec.spec.proposer.EagleProposer is not available")
                 else:
                     result.update(acc)
             record({"step": step, **result})

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .config import GenerationConfig
-from .generate import Chunk, Completion, Engine, Request
+from eaglespec.config import GenerationConfig
+from eaglespec.engine.generate import Chunk, Completion, Engine, Request
 
 log = logging.getLogger(__name__)
 

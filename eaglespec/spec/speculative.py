@@ -11,12 +11,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tree import DEFAULT_TREE_TABLE, EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
+from eaglespec.spec.tree import DEFAULT_TREE_TABLE, EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
 
 log = logging.getLogger(__name__)
 
 # The head shipped for the default model (trained by `eaglespec train`, see docs/TRAINING.md).
-SHIPPED_HEAD_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-eagle"
+SHIPPED_HEAD_DIR = Path(__file__).resolve().parents[1] / "assets" / "smollm2-135m-instruct-eagle"
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ def resolve_head_dir(opts: DraftOptions, target) -> Path | None:
 
 def build_proposer(target, opts: DraftOptions, dtype=None):
     """An EagleProposer for `opts` (None = vanilla). The head is loaded strictly against the target."""
-    from .heads import load_head
-    from .proposer import EagleProposer
+    from eaglespec.spec.heads import load_head
+    from eaglespec.spec.proposer import EagleProposer
 
     head_dir = resolve_head_dir(opts, target)
     trees = opts.tree_config()  # validate tree options even when decoding without a head

@@ -36,7 +36,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-    from .model import Transformer
+    from eaglespec.runtime.model import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -421,7 +421,7 @@ def load_target(
     device: str | torch.device = "cpu",
 ) -> Target:
     """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`."""
-    from .model import ModelArgs, Transformer
+    from eaglespec.runtime.model import ModelArgs, Transformer
 
     packed = dtype.strip().lower() if isinstance(dtype, str) and dtype.strip().lower() in PACKED_DTYPES else None
     if packed and torch.device(device).type != "cpu":
@@ -432,7 +432,7 @@ def load_target(
     args = ModelArgs.from_hf_config(checkpoint.hf_config)
     model = Transformer.from_state_dict(args, checkpoint.state_dict, torch_dtype, device)
     if packed:
-        from .runtime.pack import pack_model
+        from eaglespec.runtime.pack import pack_model
 
         pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None)
     return Target(

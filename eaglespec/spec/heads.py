@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eaglespec.kvcache import KVCache
-from eaglespec.model import (
+from eaglespec.runtime.kvcache import KVCache
+from eaglespec.runtime.model import (
     AttentionPlan,
     ForwardOutput,
     ModelArgs,

