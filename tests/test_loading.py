@@ -470,7 +470,7 @@ def test_float16_on_cpu_is_refused_before_loading(monkeypatch):
     with pytest.raises(ModelLoadError, match="float16 is not supported on CPU"):
         loading.load_target("whatever", dtype="fp16", device="cpu")
     with pytest.raises(ModelLoadError, match="unsupported dtype"):
-        loading.load_target("whatever", dtype="int8")
+        loading.load_target("whatever", dtype="int3")
 
 
 def test_load_target_builds_the_runtime_model(hf_dir, monkeypatch):
