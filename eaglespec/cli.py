@@ -73,7 +73,7 @@ def _completion_record(c, prompt: str) -> dict:
         "new_tokens": st.new_tokens,
         "finish_reason": c.finish_reason,
         "target_forwards": st.target_forwards,
-        "mean_accept_len": round(st.mean_accept_len, 4),
+        "tau": round(st.tau, 4),
         "accepted_per_position": st.accepted_per_position,
         "prefill_s": round(st.prefill_s, 6),
         "draft_s": round(st.draft_s, 6),

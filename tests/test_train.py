@@ -198,7 +198,7 @@ def test_pipeline_learns_high_acceptance(tiny):
     assert trained["eval_acc"][0] > 0.6 and min(trained["eval_acc"]) > 0.5, trained
     if proposer_available():
         assert untrained["tau"] < 1.2
-        assert trained["tau"] > 1.8 and trained["accept_per_position"][0] > 0.5, trained
+        assert trained["tau"] > 1.8 and trained["acceptance_by_position"][0] > 0.5, trained
     head = load_head(root / "eagle3" / "head", target.model)  # strict load of the saved head
     assert head.config.draft_vocab_size == 160 and head.config.feature_layer_ids == IDS
     lines = [json.loads(x) for x in (root / "eagle3" / "metrics.jsonl").read_text().splitlines()]

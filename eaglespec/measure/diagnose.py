@@ -17,7 +17,7 @@ Two measurements on the same prompts (first turns of `--dataset`):
                  acceptance at depth j given depths < j accepted).
    cos_target is also broken down by answer position (0-31, 32-63, 64-127, 128+).
 
-Verdict (REFERENCE.md section 7: cosine below ~0.9 means retrain): the first step whose cosine falls below
+Verdict (docs/BENCHMARKS.md: cosine below ~0.9 means retrain): the first step whose cosine falls below
 0.9 (cos_target for EAGLE-1 heads; cos_teacher for EAGLE-3 heads, which are trained on tokens, not on
 features), a step-1 top-1 agreement that is low, and a real-path acceptance far below the teacher-forced
 agreement (a drafting/alignment problem rather than a training one).
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger("eaglespec")
 
-COSINE_RETRAIN = 0.9  # REFERENCE.md section 7
+COSINE_RETRAIN = 0.9  # docs/BENCHMARKS.md, "diagnose"
 LOW_TOP1 = 0.3  # step-1 agreement below this: the head barely predicts the next token at all
 PATH_GAP = 0.15  # real acceptance this far below teacher-forced agreement: drafting differs from training
 POSITION_BUCKETS = ((0, 32), (32, 64), (64, 128), (128, None))
@@ -156,7 +156,7 @@ def diagnose(target, head_dir: str, questions, steps: int = 5, max_new_tokens: i
             records.append({"category": q.category, "new_tokens": st.new_tokens, "target_forwards": st.target_forwards,
                             "accepted_per_position": st.accepted_per_position, "tree_depth": steps})
             teacher_forced_unroll(target, head, prompt + c.token_ids, len(prompt), steps, stats)
-            log.info("%s %s: %d tokens, tau %.2f", q.dataset, q.question_id, st.new_tokens, st.mean_accept_len)
+            log.info("%s %s: %d tokens, tau %.2f", q.dataset, q.question_id, st.new_tokens, st.tau)
     summaries = [s.summary() for s in stats]
     by_cat = defaultdict(list)
     for r in records:

@@ -235,7 +235,8 @@ def tree_children(parents: Tensor, valid: Tensor, *, max_children: int | None = 
 # --------------------------------------------------------------------------------------------------------
 
 
-# The EAGLE-1 reference tree `mc_sim_7b_63` (REFERENCE.md section 4): 25 top-k rank paths, 26 nodes with the root.
+# The EAGLE-1 reference tree (`mc_sim_7b_63` in the EAGLE repository's `eagle/model/choices.py`): 25 top-k
+# rank paths, 26 nodes with the root.
 EAGLE1_TREE_PATHS: tuple[tuple[int, ...], ...] = (
     (0,), (1,), (2,), (3,),
     (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),

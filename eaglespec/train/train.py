@@ -1,6 +1,6 @@
-"""Train an EAGLE-1 or EAGLE-3 draft head on a frozen target (REFERENCE.md sections 2, 3 and 8).
+"""Train an EAGLE-1 or EAGLE-3 draft head on a frozen target (docs/TRAINING.md).
 
-Alignment (REFERENCE.md section 2): pair i of a sequence is (feature f_i, token t_{i+1}); the head turns it
+Alignment (docs/TRAINING.md, "Alignment"): pair i of a sequence is (feature f_i, token t_{i+1}); the head turns it
 into a predicted feature of position i+1 whose logits give the draft distribution of token t_{i+2}. The
 target's distribution for that token is softmax(lm_head(hidden_{i+1})), recomputed from the stored final
 hidden state. Pair i has rotary position i (only differences matter).
@@ -496,6 +496,7 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
         return None
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
+    from eaglespec.engine.stats import SequenceStats
     from eaglespec.spec.tree import TreeConfig
 
     prompts = [list(p) for p in prompts if p]
@@ -504,15 +505,9 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     engine = Engine(target, proposer=EagleProposer(head, TreeConfig.chain(depth)),
                     max_batch_size=min(8, len(prompts)))
     done = engine.generate([Request(p, GenerationConfig(max_new_tokens)) for p in prompts])
-    forwards = sum(c.stats.target_forwards for c in done)
-    decoded = sum(c.stats.new_tokens - 1 for c in done)
-    per_pos = [0] * depth
-    for c in done:
-        for d, a in enumerate(c.stats.accepted_per_position[:depth]):
-            per_pos[d] += a
-    return {"tau": round(decoded / forwards, 4) if forwards else 0.0,
-            "accept_per_position": [round(a / forwards, 4) if forwards else 0.0 for a in per_pos],
-            "decode_tokens": decoded, "target_forwards": forwards}
+    st = SequenceStats.pooled(c.stats for c in done)
+    return {"tau": round(st.tau, 4), "acceptance_by_position": [round(a, 4) for a in st.acceptance_by_position(depth)],
+            "decode_tokens": st.decode_tokens, "target_forwards": st.target_forwards}
 
 
 def _autocast(cfg: TrainConfig, device: torch.device) -> Any:
