@@ -315,12 +315,13 @@ class Engine:
     def _verify_group(self, seqs: list[_Sequence], tree: DraftTree, logits: torch.Tensor) -> Verdict:
         p = seqs[0].request.config.sampling
         if p.greedy:
-            return verify_greedy(tree, logits)
+            return verify_greedy(tree, logits, max_depth=tree.max_depth)
         probs = process_logits(logits, p.temperature, p.top_k, p.top_p)  # [B, N, V]
         n = tree.tokens.shape[1]
         # A fixed count per step, so a row's random stream does not depend on the tree of its batch.
         u = draw_uniforms([s.generator for s in seqs], self.slack + 1, logits.device)  # [B, slack + 1]
-        return verify_sampling(tree, probs, u[:, :n], u[:, -1], sampled_children=tree.draft_q is not None)
+        return verify_sampling(tree, probs, u[:, :n], u[:, -1], sampled_children=tree.draft_q is not None,
+                               max_depth=tree.max_depth)
 
     def _step(self, seqs: list[_Sequence]) -> list[Chunk]:
         t0 = time.perf_counter()
@@ -359,8 +360,9 @@ class Engine:
             self.proposer.commit(rows, tree, verdict, out)
             self._sync()
         t3 = time.perf_counter()
-        n_acc = verdict.n_accepted.tolist()
-        path_tokens, bonus = path_tokens.tolist(), verdict.bonus.tolist()
+        # The one host read of the step: accepted count, accepted tokens and bonus token of every row.
+        host = torch.cat([verdict.n_accepted[:, None], path_tokens, verdict.bonus[:, None]], dim=1).tolist()
+        n_acc, path_tokens, bonus = [h[0] for h in host], [h[1:-1] for h in host], [h[-1] for h in host]
         chunks = []
         for b, s in enumerate(seqs):
             st = s.stats

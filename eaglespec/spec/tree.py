@@ -64,6 +64,8 @@ class DraftTree:
     valid: Tensor  # bool [B, N]; False for padding nodes
     draft_logp: Tensor  # float32 [B, N]; log q(token | parent) under the draft; 0 for the root
     draft_q: Tensor | None = None  # float32 [B, N, V]: distribution each node's children were SAMPLED from
+    max_depth: int | None = None  # host-side upper bound of `depth` known from the tree's shape (None = unknown):
+    # lets verification size its outputs without reading the tree back
 
     @property
     def num_nodes(self) -> int:
@@ -80,11 +82,11 @@ class DraftTree:
         tokens = tokens.reshape(-1, 1).to(torch.int64)  # [B, 1]
         zeros = torch.zeros_like(tokens)
         return cls(tokens=tokens, parents=zeros - 1, depth=zeros, valid=torch.ones_like(tokens, dtype=torch.bool),
-                   draft_logp=torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device))
+                   draft_logp=torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device), max_depth=0)
 
     def select(self, rows: Tensor) -> DraftTree:
         """The sub-batch of the given rows (int64 [b] indices into the batch), same N."""
-        return DraftTree(**{name: None if t is None else t.index_select(0, rows)
+        return DraftTree(**{name: t.index_select(0, rows) if isinstance(t, Tensor) else t
                             for name, t in vars(self).items()})
 
     def validate(self) -> None:
@@ -422,6 +424,7 @@ def expand_static(shape: TreeShape, root_tokens: Tensor, level_tokens: Sequence[
         valid=torch.ones(B, N, dtype=torch.bool, device=device),
         draft_logp=logp,
         draft_q=draft_q,
+        max_depth=shape.max_depth,
     )
 
 
@@ -438,6 +441,7 @@ def chain_tree(root_tokens: Tensor, tokens: Tensor, logp: Tensor, draft_q: Tenso
         valid=torch.ones(B, K + 1, dtype=torch.bool, device=device),
         draft_logp=torch.cat([logp.new_zeros(B, 1), logp], dim=1).to(torch.float32),
         draft_q=draft_q,
+        max_depth=K,
     )
 
 
@@ -597,6 +601,7 @@ class DynamicTreeBuilder:
             valid=valid,
             draft_logp=torch.where(valid, cat["logp"].gather(1, nodes), 0.0),
             draft_q=None,
+            max_depth=self.depth,
         )
 
 
