@@ -119,7 +119,8 @@ class EagleProposer:
         cfg = self.dispatcher.pick(int(rows.numel()))
         # One host read of the row ids, only when drafts are sampled: each row draws from its own generator.
         self._step_generators = [self._generators[r] for r in rows.tolist()] if self.draft_temperature > 0 else None
-        draft = {"chain": self._draft_chain, "static": self._draft_static, "dynamic": self._draft_dynamic,
+        # A chain is the static tree of one path: both draft level by level through `_draft_static`.
+        draft = {"chain": self._draft_static, "static": self._draft_static, "dynamic": self._draft_dynamic,
                  "none": self._draft_none}
         tree, node_slot = draft[cfg.kind](cfg, rows, pending, prefix_lengths)
         self._drafted = _Drafted(prefix_lengths, node_slot)
@@ -194,27 +195,6 @@ class EagleProposer:
         """No draft tokens: the target decodes one token; commit() still encodes the (feature, token) pair."""
         node_slot = torch.full((rows.numel(), 1), -1, dtype=torch.long, device=rows.device)
         return DraftTree.root_only(pending), node_slot
-
-    def _draft_chain(self, cfg: TreeConfig, rows, pending, prefix):
-        B, K = rows.numel(), cfg.depth
-        h = self.last_h[rows][:, None]  # [B, 1, H]
-        toks, lps, qs = [], [], []
-        for d in range(1, K + 1):
-            if d > 1:
-                mask = torch.ones(B, 1, d - 1, dtype=torch.bool, device=rows.device)
-                h = self._forward_level(rows, prefix, h, toks[-1], d - 1, mask)
-            t, lp, q = self._topk(h, 1)  # [B, 1, 1]
-            toks.append(t[:, :, 0])
-            lps.append(lp[:, :, 0])
-            qs.append(q)
-        draft_q = None
-        if qs[0] is not None:  # node i's children were drawn from qs[i]; the leaf has none
-            draft_q = torch.cat(qs + [torch.zeros_like(qs[0])], dim=1)  # [B, K + 1, V]
-        tree = chain_tree(pending, torch.cat(toks, 1), torch.cat(lps, 1), draft_q)
-        node_slot = torch.arange(-1, K, device=rows.device).expand(B, K + 1).clone()  # node j -> slot j-1
-        node_slot[:, 0] = -1
-        node_slot[:, K] = -1  # the last node is never expanded
-        return tree, node_slot
 
     def _static_level_masks(self, cfg: TreeConfig, device) -> list[Tensor]:
         """Per drafting level d >= 1: bool [E_d, W_d] ancestor-or-self among drafted (expanded) nodes."""

@@ -3,8 +3,7 @@
 Kept apart (the neural drafter lives elsewhere and only calls into this module):
 
 * description: `DraftTree`, the one format every drafting strategy produces;
-* buffer building (tree -> verification tensors): `tree_mask`, `tree_positions`, `leaf_paths`,
-  `tree_children`;
+* buffer building (tree -> verification tensors): `tree_mask`, `tree_positions`, `leaf_paths`;
 * selection (scores -> kept nodes): static shapes (`TreeShape`, `static_shape`, `chain_shape`,
   `expand_static`, `chain_tree`) and the EAGLE-2 dynamic tree (`DynamicTreeBuilder`);
 * which tree to use at a given batch size: `TreeConfig`, `TreeDispatcher`.
@@ -14,7 +13,7 @@ D = max node depth, L = max leaves per row, C = max children per node.
 
 Functions meant to run once per decoding step use tensor ops only (Python loops only over depth levels or
 over log2(N) pointer-jumping rounds) and never read tensor values on the host, except where an output shape
-depends on the data (`leaf_paths`, `tree_children` without their size hints), which is documented there.
+depends on the data (`leaf_paths` without its size hints), which is documented there.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ __all__ = [
     "tree_mask",
     "tree_positions",
     "leaf_paths",
-    "tree_children",
     "StaticLevel",
     "TreeShape",
     "static_shape",
@@ -209,27 +207,6 @@ def leaf_paths(parents: Tensor, valid: Tensor, *, max_leaves: int | None = None,
     paths = by_depth.gather(1, leaf_order[:, :, None].expand(B, L, D1))  # [B, L, D+1]
     has_leaf = torch.arange(L, device=parents.device)[None, :] < is_leaf.sum(1, keepdim=True)  # [B, L]
     return torch.where(has_leaf[:, :, None], paths, -1)
-
-
-def tree_children(parents: Tensor, valid: Tensor, *, max_children: int | None = None) -> Tensor:
-    """Children of every node: int64 [B, N, C], child node indices in node order, -1 padded.
-
-    Node order is rank order for static shapes and descending draft log-prob for `DynamicTreeBuilder` trees,
-    i.e. the order in which a verifier should try the candidates. C = the max child count over the batch
-    (one host sync) unless `max_children` (an upper bound, not checked) is given.
-    """
-    B, N = parents.shape
-    is_child = valid & (parents >= 0)  # [B, N]
-    adj = is_child[:, None, :] & (parents[:, None, :] == torch.arange(N, device=parents.device)[None, :, None])
-    # adj[b, p, c]: c is a child of p. [B, N, N]
-    slot = adj.cumsum(-1) - 1  # [B, N, N]: rank of c among the children of p
-    if max_children is None:
-        max_children = int(adj.sum(-1).max())
-    C = max_children
-    out = torch.full((B, N, C + 1), -1, dtype=torch.int64, device=parents.device)
-    col = torch.where(adj, slot.clamp(max=C), C)  # column C is a dump
-    out.scatter_(2, col, torch.arange(N, device=parents.device).expand(B, N, N))
-    return out[:, :, :C]
 
 
 # --------------------------------------------------------------------------------------------------------
