@@ -31,16 +31,14 @@ def read_prompts_file(path: str) -> list[str]:
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     """Token ids of a prompt: as a user turn through the model's chat template, or raw text."""
+    from eaglespec.datasets import encode_conversation
+
     if not text.strip():
         raise CLIError("empty prompt: give some text")
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise CLIError("this model's tokenizer has no chat template: pass --raw to send prompts as plain text")
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        return tokenizer.encode(rendered, add_special_tokens=False)
-    return tokenizer.encode(text)
+    try:
+        return encode_conversation(tokenizer, [text], [], chat=chat)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def _add_generate_args(p: argparse.ArgumentParser) -> None:

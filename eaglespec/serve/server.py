@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from eaglespec.serve import protocol as P
 from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.datasets import encode_messages
 from eaglespec.engine.generate import Engine
 from eaglespec.serve.scheduler import SPECULATIVE, VANILLA, Job, QueueFull, Scheduler, ServerMetrics, ShuttingDown
 
@@ -179,12 +180,10 @@ class ServerState:
             raise ApiError(400, "messages: this model has no chat template; use /v1/completions with a raw prompt",
                            param="messages")
         try:
-            rendered = self.tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.text()} for m in messages], add_generation_prompt=True, tokenize=False)
+            return encode_messages(self.tokenizer, [{"role": m.role, "content": m.text()} for m in messages])
         except Exception as e:  # a template may raise on a conversation shape it does not support
             raise ApiError(400, f"messages: the chat template refused this conversation: {e}",
                            param="messages") from None
-        return self.tokenizer.encode(rendered, add_special_tokens=False)
 
     def encode_raw(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
