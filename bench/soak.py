@@ -289,8 +289,8 @@ def offline_reference(model_path: str, dtype: str = "float32") -> Callable[[str,
     import torch
 
     from eaglespec.config import GenerationConfig, SamplingParams
-    from eaglespec.generate import Engine, Request
-    from eaglespec.loading import load_target
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.runtime.loading import load_target
 
     target = load_target(None if model_path == "default" else model_path, dtype=dtype)
     engine = Engine(target)

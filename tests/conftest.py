@@ -22,8 +22,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def head_dir(model_dir, tmp_path_factory):
     """A random EAGLE-3 head for `model_dir`, saved in the engine layout."""
-    from eaglespec.heads import DraftHead, save_head
-    from eaglespec.loading import load_target
+    from eaglespec.spec.heads import DraftHead, save_head
+    from eaglespec.runtime.loading import load_target
 
     target = load_target(str(model_dir))
     torch.manual_seed(0)

@@ -71,7 +71,7 @@ def tiny_hf_model(family: str = "llama", vocab_size: int | None = None, seed: in
 
 def tiny_target(family: str = "llama", dtype=torch.float32, seed: int = 0, **overrides):
     """(Target-like namespace, HF model) for a tiny random model with the tiny tokenizer."""
-    from eaglespec.model import ModelArgs, Transformer
+    from eaglespec.runtime.model import ModelArgs, Transformer
 
     hf = tiny_hf_model(family, seed=seed, **overrides)
     args = ModelArgs.from_hf_config(hf.config)

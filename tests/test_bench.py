@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers import tiny_tokenizer
 
-from eaglespec import bench, report
+from eaglespec.measure import bench
+from eaglespec.measure import report
 from eaglespec.cli import main
 from eaglespec.datasets import DatasetError, encode_conversation, load_questions
 
@@ -202,7 +203,7 @@ def test_bench_writes_records_report_and_plots(bench_run, head_dir):
 
 
 def test_resume_skips_recorded_work(bench_run, model_dir, head_dir, questions, monkeypatch):
-    from eaglespec.generate import Engine
+    from eaglespec.engine.generate import Engine
 
     calls = []
     real = Engine.generate
@@ -264,10 +265,10 @@ def test_teacher_forced_unroll_reproduces_real_drafting(model_dir, head_dir):
     """Fed the tokens the head itself drafts, the teacher-forced unroll must make the same predictions as the
     proposer's real chain drafting (same cache contents, positions and masks): top-1 agreement 1 at every step."""
     from eaglespec.config import GenerationConfig
-    from eaglespec.diagnose import StepStats, teacher_forced_unroll
-    from eaglespec.generate import Engine, Request
-    from eaglespec.loading import load_target
-    from eaglespec.speculative import DraftOptions, build_proposer
+    from eaglespec.measure.diagnose import StepStats, teacher_forced_unroll
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.spec.speculative import DraftOptions, build_proposer
 
     target = load_target(str(model_dir))
     steps = 3

@@ -13,7 +13,7 @@ def run_json(capsys, *argv):
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
-FIELDS = {"text", "token_ids", "new_tokens", "target_forwards", "wall_s", "tokens_per_s", "mean_accept_len",
+FIELDS = {"text", "token_ids", "new_tokens", "target_forwards", "wall_s", "tokens_per_s", "tau",
           "accepted_per_position", "draft_s", "verify_s", "finish_reason", "prompt_tokens"}
 
 
@@ -28,7 +28,7 @@ def test_generate_json_vanilla_and_speculative_agree(capsys, model_dir, head_dir
     assert [r["prompt"] for r in vanilla] == ["1 2 3 4", "The quick brown fox", "def add(a, b):"]
     for r in vanilla:
         assert r["new_tokens"] == len(r["token_ids"]) == 12 and r["target_forwards"] == 11
-        assert r["mean_accept_len"] == 1.0 and r["finish_reason"] == "length"
+        assert r["tau"] == 1.0 and r["finish_reason"] == "length"
     for tree in (["--tree", "chain", "--depth", "3"], ["--tree", "dynamic", "--depth", "3", "--topk", "2",
                                                        "--tree-tokens", "5"], ["--tree", "static"]):
         spec = run_json(capsys, *common, "--draft", str(head_dir), *tree)

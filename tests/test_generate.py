@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.generate import Engine, Request
+from eaglespec.engine.generate import Engine, Request
 from helpers import tiny_target, tiny_tokenizer
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "1 2 3 4 5 6", "Café, naïve"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglespec.heads import (
+from eaglespec.spec.heads import (
     DraftHead,
     HeadConfig,
     HeadLoadError,
@@ -21,7 +21,7 @@ from eaglespec.heads import (
     load_head,
     save_head,
 )
-from eaglespec.model import ModelArgs, Transformer
+from eaglespec.runtime.model import ModelArgs, Transformer
 
 V, H, L, DRAFT_V = 128, 64, 4, 96
 
@@ -188,8 +188,8 @@ def test_block_mask_branch_equals_causal_path(target, kind, layers):
 def _plan_supports_wide_blocks() -> bool:
     """model.py's contract for block_mask [B, T, W > T]: the T new tokens are the last T of W block slots,
     so attention spans prefix + W slots."""
-    from eaglespec.kvcache import KVCache
-    from eaglespec.model import plan_attention
+    from eaglespec.runtime.kvcache import KVCache
+    from eaglespec.runtime.model import plan_attention
 
     try:
         plan = plan_attention(KVCache(1, 1, 1, 8, 4), 1, block_mask=torch.ones(1, 1, 3, dtype=torch.bool))

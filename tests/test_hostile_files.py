@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglespec.data import read_prepared
-from eaglespec.heads import DraftHead, HeadLoadError, load_head, save_head
+from eaglespec.train.data import read_prepared
+from eaglespec.spec.heads import DraftHead, HeadLoadError, load_head, save_head
 from helpers import tiny_target
 
 
@@ -146,7 +146,7 @@ def _write_gguf(path, tensors):
 
 def test_truncated_gguf_is_refused_naming_the_file(tmp_path):
     pytest.importorskip("gguf")
-    from eaglespec.loading import check_gguf
+    from eaglespec.runtime.gguf_blocks import check_gguf
     from eaglespec.runtime.gguf_blocks import read_quant_tensors
 
     arr = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
@@ -165,7 +165,7 @@ def test_truncated_gguf_is_refused_naming_the_file(tmp_path):
 
 def test_gguf_with_nan_tensor_data_is_refused_naming_the_tensor(tmp_path):
     pytest.importorskip("gguf")
-    from eaglespec.loading import check_gguf
+    from eaglespec.runtime.gguf_blocks import check_gguf
 
     arr = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
     bad = arr.copy()
@@ -209,9 +209,9 @@ def test_corrupt_prepared_data_line_is_refused_naming_file_and_line(tmp_path, da
 
 @pytest.fixture(scope="module")
 def features(target, tmp_path_factory):
-    from eaglespec.data import PreparedRecord
-    from eaglespec.features import capture_features
-    from eaglespec.heads import default_feature_layer_ids
+    from eaglespec.train.data import PreparedRecord
+    from eaglespec.train.features import capture_features
+    from eaglespec.spec.heads import default_feature_layer_ids
 
     root = tmp_path_factory.mktemp("feat")
     d = root / "data"
@@ -226,7 +226,7 @@ def features(target, tmp_path_factory):
 
 
 def test_damaged_feature_shard_is_refused_naming_it(features, tmp_path):
-    from eaglespec.features import FeatureStore
+    from eaglespec.train.features import FeatureStore
 
     assert len(FeatureStore(features)) == 6
     manifest = json.loads((features / "manifest.json").read_text())
@@ -248,7 +248,7 @@ def test_damaged_feature_shard_is_refused_naming_it(features, tmp_path):
 
 def test_truncated_training_checkpoint_is_refused_naming_it(tmp_path):
     """The resume path reads state.pt through _read_state before building the data (capture can take hours)."""
-    from eaglespec.train import _read_state
+    from eaglespec.train.train import _read_state
 
     path = tmp_path / "state.pt"
     torch.save({"config": {}, "world_size": 1, "step": 20, "optimizer": {"state": {}},

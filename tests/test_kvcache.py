@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglespec.kvcache import ContextOverflowError, KVCache
+from eaglespec.runtime.kvcache import ContextOverflowError, KVCache
 
 
 def _filled_cache(max_batch: int = 3, max_len: int = 12, layers: int = 2) -> KVCache:

@@ -14,11 +14,11 @@ import torch
 from starlette.testclient import TestClient
 
 from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.generate import Engine, Request
-from eaglespec.heads import DraftHead, save_head
-from eaglespec.proposer import ReplayProposer
-from eaglespec.server import ServerConfig, create_app
-from eaglespec.speculative import DraftOptions, build_proposer
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.heads import DraftHead, save_head
+from eaglespec.spec.proposer import ReplayProposer
+from eaglespec.serve.server import ServerConfig, create_app
+from eaglespec.spec.speculative import DraftOptions, build_proposer
 from helpers import tiny_target
 
 CONTEXT = 40

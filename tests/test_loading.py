@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from eaglespec import loading
-from eaglespec.loading import ModelLoadError, ModelSource
+from eaglespec.runtime import loading
+from eaglespec.runtime.loading import ModelLoadError, ModelSource
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -464,17 +464,17 @@ def test_bad_dtype_is_refused(spec):
 
 def test_float16_on_cpu_is_refused_before_loading(monkeypatch):
     monkeypatch.setattr(loading, "resolve_model", lambda spec: pytest.fail("resolved a model"))
-    fake_model = types.ModuleType("eaglespec.model")
+    fake_model = types.ModuleType("eaglespec.runtime.model")
     fake_model.ModelArgs = fake_model.Transformer = None
-    monkeypatch.setitem(sys.modules, "eaglespec.model", fake_model)
+    monkeypatch.setitem(sys.modules, "eaglespec.runtime.model", fake_model)
     with pytest.raises(ModelLoadError, match="float16 is not supported on CPU"):
         loading.load_target("whatever", dtype="fp16", device="cpu")
     with pytest.raises(ModelLoadError, match="unsupported dtype"):
-        loading.load_target("whatever", dtype="int8")
+        loading.load_target("whatever", dtype="int3")
 
 
 def test_load_target_builds_the_runtime_model(hf_dir, monkeypatch):
-    """load_target hands the HF config and the state dict to eaglespec.model (replaced here by a recorder)."""
+    """load_target hands the HF config and the state dict to eaglespec.runtime.model (replaced here by a recorder)."""
     directory, expected = hf_dir
     built = {}
 
@@ -489,9 +489,9 @@ def test_load_target_builds_the_runtime_model(hf_dir, monkeypatch):
             built.update(args=args, state_dict=state_dict, dtype=dtype, device=device)
             return "model"
 
-    fake_model = types.ModuleType("eaglespec.model")
+    fake_model = types.ModuleType("eaglespec.runtime.model")
     fake_model.ModelArgs, fake_model.Transformer = ModelArgs, Transformer
-    monkeypatch.setitem(sys.modules, "eaglespec.model", fake_model)
+    monkeypatch.setitem(sys.modules, "eaglespec.runtime.model", fake_model)
 
     target = loading.load_target(str(directory), dtype="bf16", device="cpu")
     assert target.model == "model"

@@ -12,8 +12,8 @@ import functools
 import pytest
 import torch
 
-from eaglespec.kvcache import ContextOverflowError
-from eaglespec.model import (
+from eaglespec.runtime.kvcache import ContextOverflowError
+from eaglespec.runtime.model import (
     ModelArgs,
     StateDictMismatchError,
     Transformer,
@@ -456,7 +456,7 @@ def test_bf16_close_to_fp32_and_to_hf_bf16(family):
 
 
 def test_rotary_tables_stay_float32_after_dtype_casts():
-    from eaglespec.model import Rotary
+    from eaglespec.runtime.model import Rotary
 
     rotary = Rotary(our_model("llama").args)
     cos = rotary.cos.clone()

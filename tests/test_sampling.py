@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eaglespec.sampling import draw_uniforms, process_logits, sample_from_probs, validate_sampling_args
+from eaglespec.spec.sampling import draw_uniforms, process_logits, sample_from_probs, validate_sampling_args
 from stats import P_VALUE_MIN, chi2_sf_wilson_hilferty, chi_square
 
 def test_chi2_fallback_matches_scipy():

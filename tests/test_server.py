@@ -24,11 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from eaglespec.cli import encode_prompt
 from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.generate import Engine, Request
-from eaglespec.heads import DraftHead, save_head
-from eaglespec.proposer import ReplayProposer
-from eaglespec.server import ServerConfig, create_app
-from eaglespec.speculative import DraftOptions, build_proposer
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.heads import DraftHead, save_head
+from eaglespec.spec.proposer import ReplayProposer
+from eaglespec.serve.server import ServerConfig, create_app
+from eaglespec.spec.speculative import DraftOptions, build_proposer
 from helpers import tiny_target
 
 MODEL = "tiny"

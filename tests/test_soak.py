@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.generate import Engine, Request
-from eaglespec.heads import DraftHead, save_head
-from eaglespec.server import ServerConfig, create_app
-from eaglespec.speculative import DraftOptions, build_proposer
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.heads import DraftHead, save_head
+from eaglespec.serve.server import ServerConfig, create_app
+from eaglespec.spec.speculative import DraftOptions, build_proposer
 from helpers import tiny_target
 from test_server import serving
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.generate import Engine, Request
-from eaglespec.heads import DraftHead
-from eaglespec.proposer import EagleProposer
-from eaglespec.sampling import process_logits
-from eaglespec.tree import TreeConfig
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.heads import DraftHead
+from eaglespec.spec.proposer import EagleProposer
+from eaglespec.spec.sampling import process_logits
+from eaglespec.spec.tree import TreeConfig
 from helpers import tiny_target
 from stats import P_VALUE_MIN, chi_square
 

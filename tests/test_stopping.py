@@ -2,7 +2,7 @@
 
 import pytest
 
-from eaglespec.stopping import IncrementalDetokenizer, StopChecker
+from eaglespec.engine.stopping import IncrementalDetokenizer, StopChecker
 from helpers import tiny_tokenizer
 
 EOS = 2

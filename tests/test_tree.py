@@ -1,9 +1,9 @@
-"""Oracles for eaglespec.tree: hand-written masks, paths and selections; a brute-force rerank check."""
+"""Oracles for eaglespec.spec.tree: hand-written masks, paths and selections; a brute-force rerank check."""
 
 import pytest
 import torch
 
-from eaglespec.tree import (
+from eaglespec.spec.tree import (
     DEFAULT_TREE_TABLE,
     EAGLE1_TREE_PATHS,
     DraftTree,
@@ -15,7 +15,6 @@ from eaglespec.tree import (
     expand_static,
     leaf_paths,
     static_shape,
-    tree_children,
     tree_mask,
     tree_positions,
 )
@@ -118,19 +117,6 @@ def test_leaf_paths_chain4_and_root_only():
     parents = t([[-1, 0, 1, 2]])
     assert torch.equal(leaf_paths(parents, all_valid(parents)), t([[[0, 1, 2, 3]]]))
     assert torch.equal(leaf_paths(t([[-1]]), t([[True]], torch.bool)), t([[[0]]]))
-
-
-def test_children_tree7():
-    parents = t([PARENTS7])
-    expected = t([[[1, 2], [3, 4], [5, -1], [6, -1], [-1, -1], [-1, -1], [-1, -1]]])
-    assert torch.equal(tree_children(parents, all_valid(parents)), expected)
-    assert torch.equal(tree_children(parents, all_valid(parents), max_children=3)[..., :2], expected)
-
-
-def test_children_ignores_padding():
-    parents = t([[-1, 0, 0, -1]])
-    valid = t([[1, 1, 1, 0]], torch.bool)
-    assert torch.equal(tree_children(parents, valid), t([[[1, 2], [-1, -1], [-1, -1], [-1, -1]]]))
 
 
 def test_validate_catches_broken_trees():
@@ -377,9 +363,9 @@ def test_dynamic_matches_brute_force_on_random_rows():
             got.add(tuple(reversed(path)))
         assert got == expected, b
         # siblings in descending draft log-prob (the order a verifier tries them in)
-        kids = tree_children(tree.parents[b:b + 1], tree.valid[b:b + 1])[0]
-        for row in kids.tolist():
-            lps = [float(tree.draft_logp[b, c]) for c in row if c >= 0]
+        parents, valid = tree.parents[b].tolist(), tree.valid[b].tolist()
+        for node in range(tree.num_nodes):
+            lps = [float(tree.draft_logp[b, c]) for c in range(tree.num_nodes) if valid[c] and parents[c] == node]
             assert lps == sorted(lps, reverse=True)
 
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 from stats import P_VALUE_MIN, chi_square
 
-from eaglespec import verify
-from eaglespec.sampling import process_logits, sample_from_probs
-from eaglespec.tree import DraftTree
-from eaglespec.verify import Verdict, verify_greedy, verify_sampling
+from eaglespec.spec import verify
+from eaglespec.spec.sampling import process_logits, sample_from_probs
+from eaglespec.spec.tree import DraftTree
+from eaglespec.spec.verify import Verdict, verify_greedy, verify_sampling
 
 
 def make_tree(tokens, parents, valid=None, draft_q=None) -> DraftTree:

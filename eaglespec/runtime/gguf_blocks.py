@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK", "GGUFTypeError", "QuantTensor", "read_quant_tensors", "unpermute_rows"]
+__all__ = ["BLOCK", "GGUFFileError", "GGUFTypeError", "check_gguf", "QuantTensor", "read_quant_tensors", "unpermute_rows"]
 
 BLOCK = 32
 NATIVE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -29,6 +29,10 @@ NATIVE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
 class GGUFTypeError(ValueError):
     """A GGUF tensor type this runtime does not read in its own format."""
+
+
+class GGUFFileError(ValueError):
+    """A truncated or corrupt GGUF file."""
 
 
 @dataclass
@@ -99,8 +103,6 @@ def read_quant_tensors(path: str | Path, names: list[str] | None = None) -> dict
     is refused with a ``GGUFTypeError`` naming the tensor and its type."""
     from gguf import GGUFReader
 
-    from ..loading import check_gguf
-
     check_gguf(path)
     reader = GGUFReader(str(path))
     out: dict[str, QuantTensor] = {}
@@ -126,3 +128,26 @@ def unpermute_rows(n_rows: int, n_head: int) -> Tensor:
     -> rotate-half layout)."""
     dim = n_rows // n_head // 2
     return torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(n_rows)
+
+
+def check_gguf(gguf_path: str | Path) -> None:
+    """Refuse a truncated or corrupt GGUF file (unreadable header, tensor data past the end of the file, NaN/inf
+    in its float tensors) with a GGUFFileError naming the file, before any slow conversion."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    gguf_path = Path(gguf_path)
+    size = gguf_path.stat().st_size
+    try:
+        reader = GGUFReader(str(gguf_path))
+        tensors = list(reader.tensors)
+    except Exception as e:  # gguf raises ValueError, IndexError, struct errors, ... on a damaged header
+        raise GGUFFileError(f"{gguf_path}: unreadable GGUF file, truncated or corrupt ({type(e).__name__}: {e})") \
+            from None
+    for t in tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size or t.data.nbytes != int(t.n_bytes):
+            raise GGUFFileError(f"{gguf_path}: truncated GGUF file: tensor {t.name} needs bytes up to {end} but the "
+                                 f"file has {size}")
+        if t.tensor_type.name in ("F32", "F16") and not np.isfinite(t.data).all():
+            raise GGUFFileError(f"{gguf_path}: tensor {t.name} holds non-finite values (NaN/inf)")

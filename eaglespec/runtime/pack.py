@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .gguf_blocks import QuantTensor, read_quant_tensors, unpermute_rows
-from .quant import FORMATS, KernelPlan, PackedLinear
+from eaglespec.runtime.gguf_blocks import QuantTensor, read_quant_tensors, unpermute_rows
+from eaglespec.runtime.quant import FORMATS, KernelPlan, PackedLinear
 
 __all__ = ["pack_model"]
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eaglespec.kvcache import ContextOverflowError, KVCache
+from eaglespec.runtime.kvcache import ContextOverflowError, KVCache
 from eaglespec.runtime.quant import PackedLinear, linear
 
 __all__ = [

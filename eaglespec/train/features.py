@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .data import DATA_FILE, PreparedRecord, _sha256, read_prepared
-from .heads import OUR_CONVENTION
+from eaglespec.train.data import DATA_FILE, PreparedRecord, _sha256, read_prepared
+from eaglespec.spec.heads import OUR_CONVENTION
 
 log = logging.getLogger(__name__)
 

@@ -53,21 +53,16 @@ from typing import Any
 
 import torch
 
-from .config import GenerationConfig, SamplingParams
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.flags import add_model_args
+from eaglespec.measure.records import COST_FILE, RECORDS_FILE, RUN_FILE, BenchError, first_mismatch, read_records
 
 log = logging.getLogger("eaglespec")
 
-RECORDS_FILE = "records.jsonl"
-RUN_FILE = "run.json"
-COST_FILE = "cost_curve.jsonl"
 KEY_FIELDS = ("dataset", "question_id", "turn", "method", "batch_size", "temperature", "seed")
 # Settings that must not change when a run is resumed (they are not part of the record key).
 RUN_FIXED = ("model", "dtype", "device", "max_new_tokens", "top_p", "ignore_eos", "raw")
 WARMUP_TOKENS = 8
-
-
-class BenchError(ValueError):
-    """A bad benchmark request (unknown method, resume with other settings, ...): reported without a traceback."""
 
 
 # ============================================================================================ methods
@@ -109,7 +104,7 @@ def split_methods(text: str) -> list[str]:
 
 def parse_method(text: str, seed: int | None = None) -> Method:
     """`eagle:dynamic,depth=6,topk=8,tokens=32` -> Method(kind="eagle", draft=DraftOptions(...))."""
-    from .speculative import DraftOptions
+    from eaglespec.spec.speculative import DraftOptions
 
     kind, _, opts = text.partition(":")
     if kind in ("vanilla", "hf", "llama.cpp") and not opts:
@@ -205,13 +200,13 @@ class EngineRunner:
     """Our engine, with or without a proposer (vanilla, eagle, replay)."""
 
     def __init__(self, target, proposer, batch_size: int):
-        from .generate import Engine
+        from eaglespec.engine.generate import Engine
 
         self.engine = Engine(target, proposer=proposer, max_batch_size=batch_size)
         self.device = target.model.device
 
     def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
-        from .generate import Request
+        from eaglespec.engine.generate import Request
 
         _sync(self.device)
         t0 = time.perf_counter()
@@ -227,7 +222,7 @@ def build_hf_model(target, dtype: str, device: str):
     """transformers' own model class on the target's weights (load_checkpoint) and precision."""
     from transformers import AutoModelForCausalLM
 
-    from .loading import load_checkpoint
+    from eaglespec.runtime.loading import load_checkpoint
 
     ckpt = load_checkpoint(target.source, dtype)
     hf = AutoModelForCausalLM.from_config(ckpt.hf_config, dtype=target.model.dtype)
@@ -297,7 +292,7 @@ class LlamaCppRunner:
     def __init__(self, max_len: int, seed: int):
         from llama_cpp import Llama
 
-        from .loading import default_gguf_path
+        from eaglespec.runtime.loading import default_gguf_path
 
         self.llm = Llama(model_path=str(default_gguf_path()), n_ctx=max_len, n_threads=torch.get_num_threads(),
                          seed=seed, verbose=False)
@@ -359,36 +354,11 @@ def record_key(rec: dict) -> tuple:
     return tuple(rec[k] for k in KEY_FIELDS)
 
 
-def read_records(path: Path) -> list[dict]:
-    """Records of a records.jsonl; a last line cut short by an interrupted write is ignored."""
-    if not path.is_file():
-        return []
-    records = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise BenchError(f"{path}:{i + 1}: not valid JSON") from None
-            log.warning("%s: ignoring a truncated last line", path)
-    return records
-
-
-def first_mismatch(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
-    """Index of the first differing token (or the shorter length), None when the lists are equal."""
-    if list(tokens) == list(reference):
-        return None
-    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
-
-
 class Bench:
     """Runs the protocol of the module docstring; `run()` returns the records.jsonl path."""
 
     def __init__(self, cfg: BenchConfig, target=None):
-        from .datasets import load_questions
+        from eaglespec.datasets import load_questions
 
         self.cfg = cfg
         self.out = Path(cfg.out)
@@ -404,7 +374,7 @@ class Bench:
                 raise BenchError(f"two datasets are named {qs[0].dataset!r}: name them with --dataset NAME=PATH")
             self.questions[qs[0].dataset] = qs
         if target is None:
-            from .loading import load_target
+            from eaglespec.runtime.loading import load_target
 
             target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device)
         self.target = target
@@ -454,7 +424,7 @@ class Bench:
             if getattr(self.target.source, "kind", None) != "default":
                 return "the llama.cpp arm runs the default GGUF only (use it with the default --model)"
         if m.kind == "eagle":
-            from .speculative import SHIPPED_HEAD_DIR, resolve_head_dir
+            from eaglespec.spec.speculative import SHIPPED_HEAD_DIR, resolve_head_dir
 
             if resolve_head_dir(m.draft, self.target) is None:
                 return f"no draft head: none shipped at {SHIPPED_HEAD_DIR}; give one with eagle:head=DIR"
@@ -475,11 +445,11 @@ class Bench:
             if m.kind == "vanilla":
                 runner = EngineRunner(t, None, batch)
             elif m.kind == "eagle":
-                from .speculative import build_proposer
+                from eaglespec.engine.calibrate import build_calibrated_proposer as build_proposer
 
                 runner = EngineRunner(t, build_proposer(t, m.draft), batch)
             elif m.kind == "replay":
-                from .proposer import ReplayProposer
+                from eaglespec.spec.proposer import ReplayProposer
 
                 runner = EngineRunner(t, ReplayProposer({}, m.k), batch)
             elif m.kind in ("hf", "hf-prompt-lookup"):
@@ -532,7 +502,7 @@ class Bench:
         return answers
 
     def _group(self, group: list, turn: int, batch: int, temp: float) -> None:
-        from .datasets import encode_conversation
+        from eaglespec.datasets import encode_conversation
 
         cfg = self.cfg
         for m in self.methods:
@@ -653,7 +623,7 @@ def cost_curve(target, n_tokens: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch
 
 def run_cost_curve(args: argparse.Namespace, target) -> Path:
     """Measure the cost curve into DIR/cost_curve.jsonl (one line per point, flushed) and print its summary."""
-    from . import report
+    from eaglespec.measure import report
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -699,9 +669,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", default="1", help="one value or a comma sweep, e.g. 1,2,4,8")
     p.add_argument("--ignore-eos", action="store_true", help="every arm generates exactly --max-new-tokens")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    p.add_argument("--model", default=None, help="HF model directory or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
-    p.add_argument("--device", default="cpu")
+    add_model_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (recorded with the machine facts)")
     p.add_argument("--no-report", action="store_true", help="do not write report.md and plots at the end")
     c = p.add_argument_group("cost curve")
@@ -717,8 +685,8 @@ def register(subparsers) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import report
-    from .datasets import DatasetError
+    from eaglespec.measure import report
+    from eaglespec.datasets import DatasetError
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -745,7 +713,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         target = bench.target
     if args.cost_curve:
         if target is None:
-            from .loading import load_target
+            from eaglespec.runtime.loading import load_target
 
             target = load_target(args.model, dtype=args.dtype, device=args.device)
         run_cost_curve(args, target)

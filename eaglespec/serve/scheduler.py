@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .config import GenerationConfig
-from .generate import Chunk, Completion, Engine, Request
+from eaglespec.config import GenerationConfig
+from eaglespec.engine.generate import Chunk, Completion, Engine, Request
+from eaglespec.engine.stats import SequenceStats
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class ServerMetrics:
             "speculative requests", registry=r)
         self.spec_forwards = Counter("eaglespec_spec_target_forwards", "Target verification forwards of finished "
                                      "speculative requests (= verification rounds)", registry=r)
-        self.mean_accept_len = Gauge("eaglespec_mean_acceptance_length", "tau = spec decode tokens / spec target "
+        self.tau = Gauge("eaglespec_mean_acceptance_length", "tau = spec decode tokens / spec target "
                                      "forwards (bonus token included; 1 = no gain)", registry=r)
         self.accepted = Counter("eaglespec_spec_accepted_per_position", "Verification rounds in which the draft "
                                 "token at this depth was accepted (divide by spec_target_forwards for the rate)",
@@ -99,7 +100,7 @@ class ServerMetrics:
         self.itl = Histogram("eaglespec_inter_token_latency_seconds", "Per output token after the first: the gap "
                              "between two chunks of a request divided by the tokens of the later chunk",
                              buckets=_LATENCY_BUCKETS, registry=r)
-        self._tau = [0, 0]  # decode tokens, forwards (scheduler thread only)
+        self._spec = SequenceStats(sequences=0)  # finished speculative requests, pooled (scheduler thread only)
 
     def on_chunk(self, job: Job, chunk: Chunk, now: float) -> None:
         n = len(chunk.token_ids)
@@ -119,12 +120,10 @@ class ServerMetrics:
         st = c.stats
         if job.engine != SPECULATIVE or st.target_forwards == 0:
             return
-        decode_tokens = st.new_tokens - 1  # the prefill's token is not a decode step
-        self._tau[0] += decode_tokens
-        self._tau[1] += st.target_forwards
-        self.spec_decode_tokens.inc(decode_tokens)
+        self._spec = SequenceStats.pooled([self._spec, st])
+        self.spec_decode_tokens.inc(st.decode_tokens)
         self.spec_forwards.inc(st.target_forwards)
-        self.mean_accept_len.set(self._tau[0] / self._tau[1])
+        self.tau.set(self._spec.tau)
         for d, count in enumerate(st.accepted_per_position, 1):
             self.accepted.labels(str(d)).inc(count)
 

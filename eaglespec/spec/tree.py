@@ -3,8 +3,7 @@
 Kept apart (the neural drafter lives elsewhere and only calls into this module):
 
 * description: `DraftTree`, the one format every drafting strategy produces;
-* buffer building (tree -> verification tensors): `tree_mask`, `tree_positions`, `leaf_paths`,
-  `tree_children`;
+* buffer building (tree -> verification tensors): `tree_mask`, `tree_positions`, `leaf_paths`;
 * selection (scores -> kept nodes): static shapes (`TreeShape`, `static_shape`, `chain_shape`,
   `expand_static`, `chain_tree`) and the EAGLE-2 dynamic tree (`DynamicTreeBuilder`);
 * which tree to use at a given batch size: `TreeConfig`, `TreeDispatcher`.
@@ -14,7 +13,7 @@ D = max node depth, L = max leaves per row, C = max children per node.
 
 Functions meant to run once per decoding step use tensor ops only (Python loops only over depth levels or
 over log2(N) pointer-jumping rounds) and never read tensor values on the host, except where an output shape
-depends on the data (`leaf_paths`, `tree_children` without their size hints), which is documented there.
+depends on the data (`leaf_paths` without its size hints), which is documented there.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ __all__ = [
     "tree_mask",
     "tree_positions",
     "leaf_paths",
-    "tree_children",
     "StaticLevel",
     "TreeShape",
     "static_shape",
@@ -64,6 +62,8 @@ class DraftTree:
     valid: Tensor  # bool [B, N]; False for padding nodes
     draft_logp: Tensor  # float32 [B, N]; log q(token | parent) under the draft; 0 for the root
     draft_q: Tensor | None = None  # float32 [B, N, V]: distribution each node's children were SAMPLED from
+    max_depth: int | None = None  # host-side upper bound of `depth` known from the tree's shape (None = unknown):
+    # lets verification size its outputs without reading the tree back
 
     @property
     def num_nodes(self) -> int:
@@ -80,11 +80,11 @@ class DraftTree:
         tokens = tokens.reshape(-1, 1).to(torch.int64)  # [B, 1]
         zeros = torch.zeros_like(tokens)
         return cls(tokens=tokens, parents=zeros - 1, depth=zeros, valid=torch.ones_like(tokens, dtype=torch.bool),
-                   draft_logp=torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device))
+                   draft_logp=torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device), max_depth=0)
 
     def select(self, rows: Tensor) -> DraftTree:
         """The sub-batch of the given rows (int64 [b] indices into the batch), same N."""
-        return DraftTree(**{name: None if t is None else t.index_select(0, rows)
+        return DraftTree(**{name: t.index_select(0, rows) if isinstance(t, Tensor) else t
                             for name, t in vars(self).items()})
 
     def validate(self) -> None:
@@ -209,33 +209,13 @@ def leaf_paths(parents: Tensor, valid: Tensor, *, max_leaves: int | None = None,
     return torch.where(has_leaf[:, :, None], paths, -1)
 
 
-def tree_children(parents: Tensor, valid: Tensor, *, max_children: int | None = None) -> Tensor:
-    """Children of every node: int64 [B, N, C], child node indices in node order, -1 padded.
-
-    Node order is rank order for static shapes and descending draft log-prob for `DynamicTreeBuilder` trees,
-    i.e. the order in which a verifier should try the candidates. C = the max child count over the batch
-    (one host sync) unless `max_children` (an upper bound, not checked) is given.
-    """
-    B, N = parents.shape
-    is_child = valid & (parents >= 0)  # [B, N]
-    adj = is_child[:, None, :] & (parents[:, None, :] == torch.arange(N, device=parents.device)[None, :, None])
-    # adj[b, p, c]: c is a child of p. [B, N, N]
-    slot = adj.cumsum(-1) - 1  # [B, N, N]: rank of c among the children of p
-    if max_children is None:
-        max_children = int(adj.sum(-1).max())
-    C = max_children
-    out = torch.full((B, N, C + 1), -1, dtype=torch.int64, device=parents.device)
-    col = torch.where(adj, slot.clamp(max=C), C)  # column C is a dump
-    out.scatter_(2, col, torch.arange(N, device=parents.device).expand(B, N, N))
-    return out[:, :, :C]
-
-
 # --------------------------------------------------------------------------------------------------------
 # Static shapes (chain, EAGLE-1 trees)
 # --------------------------------------------------------------------------------------------------------
 
 
-# The EAGLE-1 reference tree `mc_sim_7b_63` (REFERENCE.md section 4): 25 top-k rank paths, 26 nodes with the root.
+# The EAGLE-1 reference tree (`mc_sim_7b_63` in the EAGLE repository's `eagle/model/choices.py`): 25 top-k
+# rank paths, 26 nodes with the root.
 EAGLE1_TREE_PATHS: tuple[tuple[int, ...], ...] = (
     (0,), (1,), (2,), (3,),
     (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
@@ -421,6 +401,7 @@ def expand_static(shape: TreeShape, root_tokens: Tensor, level_tokens: Sequence[
         valid=torch.ones(B, N, dtype=torch.bool, device=device),
         draft_logp=logp,
         draft_q=draft_q,
+        max_depth=shape.max_depth,
     )
 
 
@@ -437,6 +418,7 @@ def chain_tree(root_tokens: Tensor, tokens: Tensor, logp: Tensor, draft_q: Tenso
         valid=torch.ones(B, K + 1, dtype=torch.bool, device=device),
         draft_logp=torch.cat([logp.new_zeros(B, 1), logp], dim=1).to(torch.float32),
         draft_q=draft_q,
+        max_depth=K,
     )
 
 
@@ -596,6 +578,7 @@ class DynamicTreeBuilder:
             valid=valid,
             draft_logp=torch.where(valid, cat["logp"].gather(1, nodes), 0.0),
             draft_q=None,
+            max_depth=self.depth,
         )
 
 

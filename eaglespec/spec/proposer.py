@@ -1,13 +1,13 @@
 """Proposers for the generation loop: the EAGLE drafter and a replay drafter (tests, overhead benchmark).
 
-Alignment of draft inputs (REFERENCE.md section 2): the draft pair at position i is (feature f_i, token
+Alignment of draft inputs (docs/TRAINING.md, "Alignment"): the draft pair at position i is (feature f_i, token
 t_{i+1}); its output o_i approximates f_{i+1}, and logits(o_i) is the draft distribution of t_{i+2}.
 After the target prefill over t_0..t_{P-1} and the first sampled token t_P (the pending token), the draft
 cache holds the P pairs (f_i, t_{i+1}), i < P, and `last_h` = o_{P-1} ~ f_P: the children of the root
 (t_P) come straight from logits(last_h), with no draft forward. A node x at depth d >= 1 is expanded by the
 draft pair (o_parent, x) at position P + d - 1.
 
-Draft-KV alignment after verification (REFERENCE.md section 4), for an accepted path root, a_1..a_k and the
+Draft-KV alignment after verification, for an accepted path root, a_1..a_k and the
 bonus token b, the new committed pairs are (f_root, a_1), (f_a1, a_2), ..., (f_ak, b):
 - "stable" (the EAGLE reference): re-encode all k+1 pairs with the target's TRUE features;
 - "last" (Meta): keep the K/V that drafting already computed (from predicted features) for accepted nodes
@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .heads import DraftHead
-from .tree import (
+from eaglespec.spec.heads import DraftHead
+from eaglespec.spec.tree import (
     DraftTree,
     TreeConfig,
     TreeDispatcher,
@@ -52,7 +52,12 @@ class EagleProposer:
         """draft_temperature: 0 = children are the draft's top-k tokens (valid at any target temperature);
         > 0 = children are SAMPLED without replacement from softmax(draft logits / draft_temperature) and
         verified with the sampled-children rule (chain and static trees only: a dynamic tree's rerank may
-        drop an earlier-sampled sibling while keeping a later one, which that rule does not allow)."""
+        drop an earlier-sampled sibling while keeping a later one, which that rule does not allow).
+
+        Draft sampling draws from one generator per cache row, seeded at `prefill` from the request's seed
+        (the engine passes them), so a row's drafts do not depend on the other rows of its batch. `seed`
+        (server/CLI `--seed`) is mixed into every row's seed; rows whose prefill gives none use `seed + row`
+        (random when None)."""
         if alignment not in ("stable", "last"):
             raise ValueError(f"alignment must be 'stable' or 'last', got {alignment!r}")
         self.head = head
@@ -64,10 +69,9 @@ class EagleProposer:
             raise ValueError("draft sampling (draft_temperature > 0) needs chain or static trees: a dynamic "
                              "tree's rerank can break the sampled-children order")
         self.draft_temperature = draft_temperature
-        self.generator = None
-        if draft_temperature > 0:
-            self.generator = torch.Generator(device=head.device)
-            self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
+        self.seed = seed
+        self._generators: dict[int, torch.Generator] = {}  # cache row -> draft sampler (draft_temperature > 0)
+        self._step_generators: list[torch.Generator] | None = None  # of the rows of the current propose()
         self.alignment = alignment
         self.hidden_indices = head.hidden_indices
         self.max_tree_nodes = max(c.num_nodes for c in self.dispatcher.configs)
@@ -88,12 +92,24 @@ class EagleProposer:
 
     def release(self, rows: Tensor) -> None:
         self.cache.reset(rows)
+        if self._generators:
+            for r in rows.tolist():
+                self._generators.pop(r, None)
         if hasattr(self.dispatcher, "end_row"):
             for r in rows.tolist():
                 self.dispatcher.end_row(r)
 
-    def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor) -> None:
-        """Encode the prompt pairs (f_i, t_{i+1}), i < P, with the last pair using the pending token."""
+    def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor,
+                seeds: list[int] | None = None) -> None:
+        """Encode the prompt pairs (f_i, t_{i+1}), i < P, with the last pair using the pending token; seed
+        each row's draft sampler from `seeds` (one per row)."""
+        if self.draft_temperature > 0:
+            for b, r in enumerate(rows.tolist()):
+                if seeds is None:
+                    s = self.seed + r if self.seed is not None else int(torch.randint(0, 2**62, ()))
+                else:  # the request's draft seed, mixed with the proposer's own seed when it has one
+                    s = seeds[b] if self.seed is None else (seeds[b] * 1_000_003 + self.seed) % 2**63
+                self._generators[r] = torch.Generator(device=self.head.device).manual_seed(s)
         B, T = tokens.shape
         h = self.head.fuse(self.head.target_feature(out).to(self.head.dtype))  # [B, T, H]
         shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, T]: t_{i+1}
@@ -112,7 +128,10 @@ class EagleProposer:
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
-        draft = {"chain": self._draft_chain, "static": self._draft_static, "dynamic": self._draft_dynamic,
+        # One host read of the row ids, only when drafts are sampled: each row draws from its own generator.
+        self._step_generators = [self._generators[r] for r in rows.tolist()] if self.draft_temperature > 0 else None
+        # A chain is the static tree of one path: both draft level by level through `_draft_static`.
+        draft = {"chain": self._draft_static, "static": self._draft_static, "dynamic": self._draft_dynamic,
                  "none": self._draft_none}
         tree, node_slot = draft[cfg.kind](cfg, rows, pending, prefix_lengths)
         self._drafted = _Drafted(prefix_lengths, node_slot)
@@ -160,8 +179,10 @@ class EagleProposer:
             lp, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
             return self.head.to_target_ids(ids), lp, None
         logq = torch.log_softmax(logits / self.draft_temperature, dim=-1)
-        # Gumbel-top-k: k draws without replacement, in draw order.
-        u = torch.rand(logq.shape, generator=self.generator, device=logq.device).clamp_(1e-20, 1.0)
+        # Gumbel-top-k: k draws without replacement, in draw order. Row b's noise [K, V'] comes from its own
+        # generator, so its stream depends only on its tree shape, not on the batch.
+        u = torch.stack([torch.rand(logq.shape[1:], generator=g, device=logq.device)
+                         for g in self._step_generators]).clamp_(1e-20, 1.0)  # [B, K, V']
         ids = (logq - torch.log(-torch.log(u))).topk(k, dim=-1).indices  # [B, K, k]
         q = torch.zeros(*logq.shape[:-1], self.head.config.vocab_size, device=logq.device)  # [B, K, V]
         q[..., self._draft_to_target()] = logq.exp()
@@ -187,27 +208,6 @@ class EagleProposer:
         """No draft tokens: the target decodes one token; commit() still encodes the (feature, token) pair."""
         node_slot = torch.full((rows.numel(), 1), -1, dtype=torch.long, device=rows.device)
         return DraftTree.root_only(pending), node_slot
-
-    def _draft_chain(self, cfg: TreeConfig, rows, pending, prefix):
-        B, K = rows.numel(), cfg.depth
-        h = self.last_h[rows][:, None]  # [B, 1, H]
-        toks, lps, qs = [], [], []
-        for d in range(1, K + 1):
-            if d > 1:
-                mask = torch.ones(B, 1, d - 1, dtype=torch.bool, device=rows.device)
-                h = self._forward_level(rows, prefix, h, toks[-1], d - 1, mask)
-            t, lp, q = self._topk(h, 1)  # [B, 1, 1]
-            toks.append(t[:, :, 0])
-            lps.append(lp[:, :, 0])
-            qs.append(q)
-        draft_q = None
-        if qs[0] is not None:  # node i's children were drawn from qs[i]; the leaf has none
-            draft_q = torch.cat(qs + [torch.zeros_like(qs[0])], dim=1)  # [B, K + 1, V]
-        tree = chain_tree(pending, torch.cat(toks, 1), torch.cat(lps, 1), draft_q)
-        node_slot = torch.arange(-1, K, device=rows.device).expand(B, K + 1).clone()  # node j -> slot j-1
-        node_slot[:, 0] = -1
-        node_slot[:, K] = -1  # the last node is never expanded
-        return tree, node_slot
 
     def _static_level_masks(self, cfg: TreeConfig, device) -> list[Tensor]:
         """Per drafting level d >= 1: bool [E_d, W_d] ancestor-or-self among drafted (expanded) nodes."""
@@ -300,7 +300,7 @@ class ReplayProposer:
         for r in rows.tolist():
             self._rows.pop(r, None)
 
-    def prefill(self, rows, tokens, lengths, out, pending) -> None:
+    def prefill(self, rows, tokens, lengths, out, pending, seeds=None) -> None:
         for r, t, n in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
             self._rows[r] = (self.continuations.get(tuple(t[:n]), []), n)
 

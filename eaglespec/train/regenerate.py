@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .data import Conversation, OverlapGuard, _normalize_messages, _render, input_identity, overlap_error, \
+from eaglespec.train.data import Conversation, OverlapGuard, _normalize_messages, _render, input_identity, overlap_error, \
     read_conversations
 
 log = logging.getLogger(__name__)
@@ -209,8 +209,8 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
     """Regenerate the plan's unfinished shards (resumable); returns the card's statistics."""
     from tqdm import tqdm
 
-    from .config import GenerationConfig, SamplingParams
-    from .generate import Engine, Request
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
 
     convs, plan = build_plan(cfg)
     out = Path(cfg.output)

@@ -36,7 +36,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-    from .model import Transformer
+    from eaglespec.runtime.model import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def converted_dir(gguf_path: Path) -> Path:
         _discard(final)
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError(f"reading {gguf_path.name} needs the gguf package: {GGUF_INSTALL}")
-    check_gguf(gguf_path)
+    _check_gguf(gguf_path)
 
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -273,27 +273,13 @@ def converted_dir(gguf_path: Path) -> Path:
     return final
 
 
-def check_gguf(gguf_path: str | Path) -> None:
-    """Refuse a truncated or corrupt GGUF file (unreadable header, tensor data past the end of the file, NaN/inf
-    in its float tensors) with a ModelLoadError naming the file, before any slow conversion."""
-    import numpy as np
-    from gguf import GGUFReader
+def _check_gguf(gguf_path: str | Path) -> None:
+    from eaglespec.runtime.gguf_blocks import GGUFFileError, check_gguf
 
-    gguf_path = Path(gguf_path)
-    size = gguf_path.stat().st_size
     try:
-        reader = GGUFReader(str(gguf_path))
-        tensors = list(reader.tensors)
-    except Exception as e:  # gguf raises ValueError, IndexError, struct errors, ... on a damaged header
-        raise ModelLoadError(f"{gguf_path}: unreadable GGUF file, truncated or corrupt ({type(e).__name__}: {e})") \
-            from None
-    for t in tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size or t.data.nbytes != int(t.n_bytes):
-            raise ModelLoadError(f"{gguf_path}: truncated GGUF file: tensor {t.name} needs bytes up to {end} but the "
-                                 f"file has {size}")
-        if t.tensor_type.name in ("F32", "F16") and not np.isfinite(t.data).all():
-            raise ModelLoadError(f"{gguf_path}: tensor {t.name} holds non-finite values (NaN/inf)")
+        check_gguf(gguf_path)
+    except GGUFFileError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
@@ -445,7 +431,7 @@ def load_target(
     device: str | torch.device = "cpu",
 ) -> Target:
     """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`."""
-    from .model import ModelArgs, Transformer
+    from eaglespec.runtime.model import ModelArgs, Transformer
 
     packed = dtype.strip().lower() if isinstance(dtype, str) and dtype.strip().lower() in PACKED_DTYPES else None
     if packed and torch.device(device).type != "cpu":
@@ -456,7 +442,7 @@ def load_target(
     args = ModelArgs.from_hf_config(checkpoint.hf_config)
     model = Transformer.from_state_dict(args, checkpoint.state_dict, torch_dtype, device)
     if packed:
-        from .runtime.pack import pack_model
+        from eaglespec.runtime.pack import pack_model
 
         pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None)
     return Target(

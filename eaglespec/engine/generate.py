@@ -19,11 +19,12 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
-from .config import GenerationConfig, SamplingParams
-from .sampling import draw_uniforms, process_logits
-from .stopping import StopChecker
-from .tree import DraftTree, tree_mask, tree_positions
-from .verify import Verdict, verify_greedy, verify_sampling
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.spec.sampling import draw_uniforms, process_logits
+from eaglespec.engine.stats import SequenceStats
+from eaglespec.engine.stopping import StopChecker
+from eaglespec.spec.tree import DraftTree, tree_mask, tree_positions
+from eaglespec.spec.verify import Verdict, verify_greedy, verify_sampling
 
 
 class Proposer(Protocol):
@@ -37,9 +38,11 @@ class Proposer(Protocol):
     def reserve(self, max_batch: int, max_len: int) -> None:
         """Make room (e.g. a draft KV cache) for `max_batch` rows of up to `max_len` tokens."""
 
-    def prefill(self, rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, out, pending: torch.Tensor) -> None:
+    def prefill(self, rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, out, pending: torch.Tensor,
+                seeds: list[int] | None = None) -> None:
         """After the target prefill: rows [B], prompt tokens [B, T] (right-padded), lengths [B], the target's
-        ForwardOutput over the prompts and the first sampled (pending) token per row [B]."""
+        ForwardOutput over the prompts and the first sampled (pending) token per row [B]; seeds: one draft
+        seed per row, derived from the request's seed (random draft choices of a row depend only on it)."""
 
     def propose(self, rows: torch.Tensor, pending: torch.Tensor, prefix_lengths: torch.Tensor) -> DraftTree:
         """Draft a tree per row whose root is the row's pending token; prefix_lengths [B] = target KV lengths."""
@@ -71,24 +74,6 @@ class Chunk:
 
 
 @dataclass
-class SequenceStats:
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    target_forwards: int = 0  # verification forwards after prefill
-    accepted_per_position: list[int] = field(default_factory=list)  # rounds in which depth d+1 was accepted
-    prefill_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    wall_s: float = 0.0  # prefill + decode, from admission to the last token
-
-    @property
-    def mean_accept_len(self) -> float:
-        """tau = new tokens / target forwards after prefill (the prefill's token is not a decode step)."""
-        decode_tokens = self.new_tokens - 1
-        return decode_tokens / self.target_forwards if self.target_forwards else 0.0
-
-
-@dataclass
 class Completion:
     index: int
     prompt_ids: list[int]
@@ -105,12 +90,18 @@ class _Sequence:
     row: int
     stopper: StopChecker
     generator: torch.Generator
+    seed: int
     pending: int = -1
     output: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
     stats: SequenceStats = field(default_factory=SequenceStats)
     start: float = 0.0
+
+
+def draft_seed(seed: int) -> int:
+    """The seed of a sequence's draft sampler: derived from its own seed, distinct from the target stream's."""
+    return (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**63
 
 
 def _uniform_sampling_key(p: SamplingParams) -> tuple:
@@ -266,7 +257,7 @@ class Engine:
             seed = int(torch.randint(0, 2**62, ()))
         gen = torch.Generator(device=self.device).manual_seed(seed)
         stopper = StopChecker(self.tokenizer, self.eos_token_ids, cfg.max_new_tokens, cfg.stop, cfg.ignore_eos)
-        seq = _Sequence(index, req, row, stopper, gen, start=time.perf_counter())
+        seq = _Sequence(index, req, row, stopper, gen, seed, start=time.perf_counter())
         seq.stats.prompt_tokens = len(req.prompt_ids)
         return seq
 
@@ -290,7 +281,7 @@ class Engine:
         root = DraftTree.root_only(tokens[:, :1])
         verdict = self._verify(seqs, root, out.logits)  # [B, 1, V] logits -> first new token
         if self.proposer is not None:
-            self.proposer.prefill(rows, tokens, lengths, out, verdict.bonus)
+            self.proposer.prefill(rows, tokens, lengths, out, verdict.bonus, seeds=[draft_seed(s.seed) for s in seqs])
         self._sync()
         elapsed = time.perf_counter() - t0
         first = verdict.bonus.tolist()
@@ -324,12 +315,13 @@ class Engine:
     def _verify_group(self, seqs: list[_Sequence], tree: DraftTree, logits: torch.Tensor) -> Verdict:
         p = seqs[0].request.config.sampling
         if p.greedy:
-            return verify_greedy(tree, logits)
+            return verify_greedy(tree, logits, max_depth=tree.max_depth)
         probs = process_logits(logits, p.temperature, p.top_k, p.top_p)  # [B, N, V]
         n = tree.tokens.shape[1]
         # A fixed count per step, so a row's random stream does not depend on the tree of its batch.
         u = draw_uniforms([s.generator for s in seqs], self.slack + 1, logits.device)  # [B, slack + 1]
-        return verify_sampling(tree, probs, u[:, :n], u[:, -1], sampled_children=tree.draft_q is not None)
+        return verify_sampling(tree, probs, u[:, :n], u[:, -1], sampled_children=tree.draft_q is not None,
+                               max_depth=tree.max_depth)
 
     def _step(self, seqs: list[_Sequence]) -> list[Chunk]:
         t0 = time.perf_counter()
@@ -368,19 +360,16 @@ class Engine:
             self.proposer.commit(rows, tree, verdict, out)
             self._sync()
         t3 = time.perf_counter()
-        n_acc = verdict.n_accepted.tolist()
-        path_tokens, bonus = path_tokens.tolist(), verdict.bonus.tolist()
+        # The one host read of the step: accepted count, accepted tokens and bonus token of every row.
+        host = torch.cat([verdict.n_accepted[:, None], path_tokens, verdict.bonus[:, None]], dim=1).tolist()
+        n_acc, path_tokens, bonus = [h[0] for h in host], [h[1:-1] for h in host], [h[-1] for h in host]
         chunks = []
         for b, s in enumerate(seqs):
             st = s.stats
-            st.target_forwards += 1
+            st.record_accepted(n_acc[b])
             st.draft_s += (t1 - t0) + (t3 - t2)
             st.verify_s += t2 - t1
             k = n_acc[b]
-            if len(st.accepted_per_position) < k:
-                st.accepted_per_position.extend([0] * (k - len(st.accepted_per_position)))
-            for d in range(k):
-                st.accepted_per_position[d] += 1
             chunks.append(self._commit_tokens(s, path_tokens[b][:k] + [bonus[b]]))
         return chunks
 

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
-from .costmodel import CostTable
+from eaglespec.spec.costmodel import CostTable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATION_VERSION", "calibrate", "calibration_key", "load_or_calibrate"]
+__all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_proposer", "calibrate", "calibration_key",
+           "load_or_calibrate"]
 
 CALIBRATION_VERSION = 1
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
@@ -36,7 +37,7 @@ PREFIX = 128
 
 
 def _fingerprint() -> str:
-    from .runtime.quant import machine_fingerprint
+    from eaglespec.runtime.quant import machine_fingerprint
 
     return machine_fingerprint()
 
@@ -87,8 +88,8 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                   steps: int = 4) -> dict[tuple[int, str], float]:
     """Seconds of drafting per step for each candidate (label -> tree config) at each batch size: the engine
     runs ``steps`` decode steps with that tree on a fixed prompt (after a warm-up run) and reports draft_s."""
-    from .config import GenerationConfig
-    from .generate import Engine, Request
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
 
     out: dict[tuple[int, str], float] = {}
     prompt = list(range(5, 5 + min(PREFIX, 64)))
@@ -148,3 +149,37 @@ def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], c
     tmp.write_text(json.dumps(_to_json(table), indent=1))
     os.replace(tmp, path)
     return table, True
+
+
+def build_calibrated_proposer(target, opts, dtype=None):
+    """``spec.speculative.build_proposer`` whose ``--tree auto`` is the acceptance-aware dispatcher over this
+    machine's calibration (``opts.calibrate``; else the static table). The one entry point of the CLI,
+    the server and the benchmark."""
+    from eaglespec.spec.speculative import build_proposer
+
+    return build_proposer(target, opts, dtype, dispatcher_factory=adaptive_dispatcher)
+
+
+def adaptive_dispatcher(target, head, head_dir: Path, opts):
+    """The acceptance-aware dispatcher over the default candidates, with this machine's cached calibration
+    (measured now if there is none: tens of seconds on a 2-core CPU)."""
+    import hashlib
+
+    from eaglespec.runtime.loading import cache_root
+    from eaglespec.spec.dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher, tree_label
+    from eaglespec.spec.proposer import EagleProposer
+
+    # draft sampling needs chain/static trees (a dynamic tree's rerank breaks the sampled-children rule)
+    cands = [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
+    files = sorted(Path(head_dir).glob("*.json")) + sorted(Path(head_dir).glob("*.safetensors"))
+    head_id = hashlib.sha256("".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+                             .encode()).hexdigest()[:16]
+
+    def make(tree):
+        return EagleProposer(head, tree, alignment=opts.alignment)
+
+    costs, measured = load_or_calibrate(target, make, {tree_label(c): c for c in cands}, cache_root(),
+                                        head_id=head_id, precision=getattr(target.model, "precision", "?"))
+    if measured:
+        log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())
+    return AdaptiveDispatcher(costs, cands)

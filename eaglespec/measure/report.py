@@ -1,6 +1,6 @@
 """`eaglespec report DIR`: tables (DIR/report.md) and PNG plots from the raw records of `eaglespec bench`.
 
-Metrics (REFERENCE.md section 7), each computed over a group of records by summing before dividing:
+Metrics (docs/BENCHMARKS.md, "Metrics"), each computed over a group of records by summing before dividing:
   tokens/s      sum of new tokens / sum of wall seconds, a record's seconds being its group's wall
                 divided by the prompts in the group (batch 1: the prompt's own prefill + decode wall);
   speedup       tokens/s of a method / tokens/s of vanilla over the SAME prompts (same dataset, question,
@@ -24,7 +24,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from .bench import COST_FILE, RECORDS_FILE, RUN_FILE, first_mismatch, read_records
+from eaglespec.engine.stats import SequenceStats
+from eaglespec.measure.records import COST_FILE, RECORDS_FILE, RUN_FILE, first_mismatch, read_records
 
 Records = Sequence[dict]
 PAIR_FIELDS = ("dataset", "question_id", "turn", "batch_size", "temperature", "seed")
@@ -32,21 +33,17 @@ PAIR_FIELDS = ("dataset", "question_id", "turn", "batch_size", "temperature", "s
 
 # ============================================================================================ metrics
 def tau(records: Records) -> float | None:
-    """Mean acceptance length: sum(new_tokens - 1) / sum(target forwards after prefill)."""
-    rs = [r for r in records if r.get("target_forwards")]
-    forwards = sum(r["target_forwards"] for r in rs)
-    return sum(r["new_tokens"] - 1 for r in rs) / forwards if forwards else None
+    """Pooled `SequenceStats.tau` of the records: sum(new_tokens - 1) / sum(target forwards after prefill)."""
+    st = SequenceStats.pooled(SequenceStats.from_record(r) for r in records)
+    return st.tau if st.target_forwards else None
 
 
 def acceptance_by_position(records: Records) -> list[float]:
     """[d-1] = fraction of rounds in which the draft token at depth d was accepted."""
     rs = [r for r in records if r.get("target_forwards") and r.get("accepted_per_position") is not None]
-    rounds = sum(r["target_forwards"] for r in rs)
     depth = max((max(len(r["accepted_per_position"]), r.get("tree_depth", 0)) for r in rs), default=0)
-    if not rounds:
-        return []
-    return [sum(r["accepted_per_position"][d] for r in rs if d < len(r["accepted_per_position"])) / rounds
-            for d in range(depth)]
+    st = SequenceStats.pooled(SequenceStats.from_record(r) for r in rs)
+    return st.acceptance_by_position(depth) if st.target_forwards else []
 
 
 def seconds(r: dict) -> float:
@@ -98,7 +95,7 @@ def find_mismatches(records: Records) -> list[tuple[dict, int]]:
 
 
 def speedup_bound(tau_value: float, relative_cost: float, draft_over_verify1: float = 0.0) -> float:
-    """REFERENCE.md 7: speedup <= tau / (verify(N) / verify(1) + draft_time / verify(1))."""
+    """docs/BENCHMARKS.md "Metrics": speedup <= tau / (verify(N) / verify(1) + draft_time / verify(1))."""
     return tau_value / (relative_cost + draft_over_verify1)
 
 
@@ -613,7 +610,7 @@ def write_report(out_dir: Path, plots: bool = True) -> Path:
     run = json.loads((out_dir / RUN_FILE).read_text()) if (out_dir / RUN_FILE).is_file() else {}
     hw = hardware_line(records or curve)
     lines = ["# Benchmark report", "", f"Model and hardware: {hw}." if hw else "",
-             ("Metric definitions: docs/BENCHMARKS.md (REFERENCE.md section 7). Speedups compare each method with "
+             ("Metric definitions: docs/BENCHMARKS.md. Speedups compare each method with "
               "vanilla decoding on the same prompts; tau counts the bonus token."), ""]
     if run.get("settings"):
         lines += ["Settings: " + ", ".join(f"{k}={v}" for k, v in run["settings"].items()), ""]

