@@ -241,6 +241,24 @@ def test_saved_heads_load_strictly_and_round_trip(tiny, tmp_path):
               resume=True)
 
 
+def test_init_head_starts_from_the_given_head_and_refuses_another_shape(tiny):
+    target, root = tiny
+    train(config(root, "init-src", max_steps=60, draft_vocab_size=100, eval_acceptance_prompts=0), target)
+    src = load_head(root / "init-src" / "head", target.model)
+    # lr ~ 0: the fine-tuned head equals its start, draft vocabulary included (not re-selected from the data)
+    tuned = train(config(root, "init-dst", max_steps=1, lr=1e-12, warmup_steps=0, draft_vocab_size=100,
+                         eval_acceptance_prompts=0, init_head=str(root / "init-src" / "head")), target)
+    dst = load_head(root / "init-dst" / "head", target.model)
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    fresh = train(config(root, "init-none", max_steps=1, lr=1e-12, warmup_steps=0, draft_vocab_size=100,
+                         eval_acceptance_prompts=0), target)
+    assert tuned["eval_acc"][0] > fresh["eval_acc"][0] + 0.2, (tuned, fresh)
+    with pytest.raises(ValueError, match=r"draft_vocab_size 100 \(head\) vs 160 \(run\)"):
+        train(config(root, "init-bad", max_steps=1, draft_vocab_size=160, eval_acceptance_prompts=0,
+                     init_head=str(root / "init-src" / "head")), target)
+
+
 # ------------------------------------------------------------------------------------ resume after kill
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "eaglespec.cli", *args]

@@ -99,6 +99,8 @@ class TrainConfig:
     feature_layer_ids: tuple[int, ...] | None = field(default=None, metadata=_opt(
         "EAGLE-3 feature layers, HF hidden_states indices (default: the captured ones, else (2, L//2, L-3))"))
     # ---- data
+    init_head: str | None = field(default=None, metadata=_opt(
+        "start from this head's weights and draft vocabulary (fine-tuning; shape and tapped layers must match)"))
     features: str | None = field(default=None, metadata=_opt("capture directory (offline features)"))
     data: str | None = field(default=None, metadata=_opt(
         "prepared data directory: features computed on the fly by the target (online)"))
@@ -142,7 +144,7 @@ class TrainConfig:
 
     # Fields whose change makes a checkpoint's data order or head shape invalid.
     RESUME_FIXED: typing.ClassVar[tuple[str, ...]] = (
-        "kind", "num_layers", "draft_vocab_size", "feature_layer_ids", "features", "data", "max_len",
+        "kind", "num_layers", "draft_vocab_size", "feature_layer_ids", "init_head", "features", "data", "max_len",
         "eval_records", "batch_size", "grad_accum", "seed")
 
     def __post_init__(self) -> None:
@@ -595,6 +597,29 @@ def train(cfg: TrainConfig, target: Any = None, resume: bool = False) -> dict[st
             dist.destroy_process_group()
 
 
+def _init_from_head(head: DraftHead, cfg: TrainConfig, target: Any, data: _Data, device: torch.device) -> None:
+    """Copy an existing head's weights (and, for EAGLE-3, its draft vocabulary) into `head`; refuse a head
+    of another kind, depth, width, draft vocabulary or tapped layers with the differing values named."""
+    src = load_head(cfg.init_head, target.model, dtype=torch.float32, device=device)
+    mine, theirs = head.config, src.config
+    diff = {k: (getattr(theirs, k), getattr(mine, k)) for k in
+            ("kind", "num_hidden_layers", "hidden_size", "intermediate_size", "draft_vocab_size", "vocab_size",
+             "feature_layer_ids")
+            if getattr(theirs, k, None) != getattr(mine, k, None)}
+    if diff:
+        raise ValueError(f"init_head {cfg.init_head} does not match this run: "
+                         + ", ".join(f"{k} {a} (head) vs {b} (run)" for k, (a, b) in diff.items()))
+    head.load_state_dict(src.state_dict())
+    if cfg.kind == "eagle3":
+        counts: Counter[int] = Counter()
+        for i in data.train_idx:
+            ids, mask = data.tokens(i)
+            counts.update(t for t, m in zip(ids, mask) if m)
+        covered = sum(c for t, c in counts.items() if head.t2d[t])
+        log.info("init_head %s: its draft vocabulary covers %.2f%% of the %d assistant tokens", cfg.init_head,
+                 100 * covered / max(1, sum(counts.values())), sum(counts.values()))
+
+
 def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -627,6 +652,8 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
                              f"{ {k: state['config'].get(k) for k in changed} or state['world_size']})")
         head.load_state_dict(load_head(ckpt / "head", target.model, dtype=torch.float32, device=device).state_dict())
         log.info("resuming from %s (step %d)", ckpt, state["step"])
+    elif cfg.init_head is not None:
+        _init_from_head(head, cfg, target, data, device)
     elif cfg.kind == "eagle3":
         counts: Counter[int] = Counter()
         for i in data.train_idx:
