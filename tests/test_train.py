@@ -397,3 +397,24 @@ def test_a_kill_during_a_checkpoint_write_resumes_bit_identically(tiny):
     a, b = load_head(out / "head", target.model), load_head(straight / "head", target.model)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
+
+
+def test_learning_curve_reads_eval_points_in_token_order_and_plots(tiny, tmp_path):
+    from eaglespec.train.curves import learning_curve, plot_learning_curves
+
+    target, root = tiny
+    cfg = config(root, "curve", max_steps=20, eval_every=10, eval_records=8, eval_acceptance_prompts=2,
+                 eval_max_new_tokens=8, log_every=5)
+    summary = train(cfg, target)
+    pts = learning_curve(cfg.out_dir)
+    assert [p.step for p in pts] == [10, 20]
+    assert 0 < pts[0].tokens < pts[1].tokens == summary["tokens_seen"]
+    assert all(p.tau is not None and p.tau >= 1.0 for p in pts)
+    png = plot_learning_curves({"a": cfg.out_dir}, tmp_path / "c.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not JSON"):
+        learning_curve(tmp_path / "bad.jsonl")
+    (tmp_path / "empty.jsonl").write_text('{"step": 1, "loss": [1.0]}\n')
+    with pytest.raises(ValueError, match="no evaluation lines"):
+        learning_curve(tmp_path / "empty.jsonl")

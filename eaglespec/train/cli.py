@@ -11,7 +11,9 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 from eaglespec.flags import TRAIN_DTYPES, add_model_args
@@ -230,10 +232,36 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_curve(sub: Any) -> None:
+    p = sub.add_parser("train-curve", help="plot training runs' learning curves (accuracy and tau vs tokens)",
+                       description="Held-out depth-1 accuracy and measured tau against training tokens, one line "
+                                   "per run, from each run's metrics.jsonl.")
+    p.add_argument("--run", action="append", required=True, metavar="[LABEL=]DIR",
+                   help="training out_dir (or its metrics.jsonl); repeat to compare runs")
+    p.add_argument("--out", required=True, metavar="PNG")
+    p.add_argument("--title", default="")
+    p.set_defaults(func=cmd_curve)
+
+
+def cmd_curve(args: argparse.Namespace) -> int:
+    from eaglespec.train.curves import learning_curve, plot_learning_curves
+
+    runs = {}
+    for spec in args.run:
+        label, _, path = spec.rpartition("=")
+        runs[label or Path(path).name] = path
+    for label, path in runs.items():
+        for p in learning_curve(path):
+            print(json.dumps({"run": label, "step": p.step, "tokens": p.tokens, "eval_acc": p.eval_acc, "tau": p.tau}))
+    print(f"wrote {plot_learning_curves(runs, args.out, args.title)}", file=sys.stderr)
+    return 0
+
+
 def register(subparsers: Any) -> None:
     """Add the training subcommands to the `eaglespec` parser."""
     _add_prepare(subparsers)
     _add_regenerate(subparsers)
     _add_capture(subparsers)
     _add_train(subparsers)
+    _add_curve(subparsers)
 

@@ -679,11 +679,12 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(cfg, s))
     noise_gen = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + info.rank + 1)
-    step, epoch, position = 0, 0, 0
+    step, epoch, position, seen = 0, 0, 0, 0  # seen: input tokens of all optimizer steps, across resumes
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         step, epoch, position = state["step"], state["epoch"], state["position"]
+        seen = int(state.get("tokens_seen", 0))
         noise_gen.set_state(state["noise_rng"][info.rank])
         torch.set_rng_state(state["torch_rng"][info.rank])
 
@@ -712,7 +713,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
                     log.info("acceptance eval skipped: eaglespec.spec.proposer.EagleProposer is not available")
                 else:
                     result.update(acc)
-            record({"step": step, **result})
+            record({"step": step, "tokens": seen, **result})
         if info.world_size > 1:
             dist.barrier()
         return result
@@ -760,13 +761,14 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
         window += stats
         elapsed = time.perf_counter() - t0
         run_tokens += step_tokens
+        seen += step_tokens
         run_time += elapsed
         acc = [float(s[2] / max(s[3], 1)) for s in stats]
         bar.set_postfix_str(f"loss {float(stats[0, 0] / max(stats[0, 1], 1)):.3f} acc "
                             + "/".join(f"{a:.2f}" for a in acc) + f" {run_tokens / max(run_time, 1e-9):.0f} tok/s")
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.max_steps:
-            record({"step": step, "lr": sched.get_last_lr()[0], "epoch": epoch,
+            record({"step": step, "tokens": seen, "lr": sched.get_last_lr()[0], "epoch": epoch,
                     "loss": [round(float(s[0] / max(s[1], 1)), 5) for s in window],
                     "acc": [round(float(s[2] / max(s[3], 1)), 5) for s in window],
                     "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
@@ -775,11 +777,12 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
             last_eval = run_eval()
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.max_steps:
-            _checkpoint(cfg, head, opt, sched, step, epoch, position, noise_gen, info)
+            _checkpoint(cfg, head, opt, sched, step, epoch, position, seen, noise_gen, info)
     bar.close()
     last_eval = run_eval() or last_eval
     samples = run_steps * cfg.batch_size * cfg.grad_accum * info.world_size
-    summary = {"step": step, "world_size": info.world_size, "tokens": run_tokens, "train_seconds": round(run_time, 2),
+    summary = {"step": step, "world_size": info.world_size, "tokens": run_tokens, "tokens_seen": seen,
+               "train_seconds": round(run_time, 2),
                "tokens_per_s": round(run_tokens / max(run_time, 1e-9), 1),
                "samples_per_s": round(samples / max(run_time, 1e-9), 3), **last_eval}
     if info.main:
@@ -792,7 +795,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
 
 
 def _checkpoint(cfg: TrainConfig, head: DraftHead, opt: Any, sched: Any, step: int, epoch: int, position: int,
-                noise_gen: torch.Generator, info: DistInfo) -> None:
+                seen: int, noise_gen: torch.Generator, info: DistInfo) -> None:
     """Every rank contributes its RNG states; rank 0 writes (atomically)."""
     noise_state, torch_state = noise_gen.get_state(), torch.get_rng_state()
     if info.world_size > 1:
@@ -801,7 +804,8 @@ def _checkpoint(cfg: TrainConfig, head: DraftHead, opt: Any, sched: Any, step: i
     else:
         gathered = [(noise_state, torch_state)]
     if info.main:
-        state = {"step": step, "epoch": epoch, "position": position, "world_size": info.world_size,
+        state = {"step": step, "epoch": epoch, "position": position, "tokens_seen": seen,
+                 "world_size": info.world_size,
                  "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                  "noise_rng": [g[0] for g in gathered], "torch_rng": [g[1] for g in gathered],
                  "config": cfg.to_dict()}
