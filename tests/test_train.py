@@ -257,6 +257,26 @@ def test_init_head_starts_from_the_given_head_and_refuses_another_shape(tiny):
     with pytest.raises(ValueError, match=r"draft_vocab_size 100 \(head\) vs 160 \(run\)"):
         train(config(root, "init-bad", max_steps=1, draft_vocab_size=160, eval_acceptance_prompts=0,
                      init_head=str(root / "init-src" / "head")), target)
+    # init_vocab "data": a new draft vocabulary from the data; shared tokens keep their lm_head rows, the
+    # rest of the head is copied, new tokens get rows mapped from the target's lm_head
+    train(config(root, "init-vocab", max_steps=1, lr=1e-12, warmup_steps=0, draft_vocab_size=160,
+                 eval_acceptance_prompts=0, init_head=str(root / "init-src" / "head"), init_vocab="data"), target)
+    new = load_head(root / "init-vocab" / "head", target.model)
+    assert new.config.draft_vocab_size == 160 and int(new.t2d.sum()) == 160
+    src_ids = src.to_target_ids(torch.arange(100)).tolist()
+    new_ids = new.to_target_ids(torch.arange(160)).tolist()
+    shared = [t for t in new_ids if t in src_ids]
+    assert len(shared) >= 80, len(shared)  # the source vocabulary came from the same data
+    for t in shared:
+        assert torch.allclose(new.lm_head.weight[new_ids.index(t)], src.lm_head.weight[src_ids.index(t)], atol=1e-6)
+    other = {k: v for k, v in src.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    for k, v in other.items():
+        assert torch.allclose(new.state_dict()[k], v, atol=1e-6), k
+    fresh_rows = [i for i, t in enumerate(new_ids) if t not in src_ids]
+    assert fresh_rows and new.lm_head.weight[fresh_rows].abs().sum() > 0
+    with pytest.raises(ValueError, match="init_vocab must be head or data"):
+        train(config(root, "init-bad2", max_steps=1, init_vocab="both", eval_acceptance_prompts=0,
+                     init_head=str(root / "init-src" / "head")), target)
 
 
 # ------------------------------------------------------------------------------------ resume after kill

@@ -101,6 +101,9 @@ class TrainConfig:
     # ---- data
     init_head: str | None = field(default=None, metadata=_opt(
         "start from this head's weights and draft vocabulary (fine-tuning; shape and tapped layers must match)"))
+    init_vocab: str = field(default="head", metadata=_opt(
+        "with init_head: keep the head's draft vocabulary (head) or select a new one from this data (data: "
+        "lm_head rows of kept tokens are copied, new tokens' rows mapped from the target's lm_head)"))
     features: str | None = field(default=None, metadata=_opt("capture directory (offline features)"))
     data: str | None = field(default=None, metadata=_opt(
         "prepared data directory: features computed on the fly by the target (online)"))
@@ -144,8 +147,8 @@ class TrainConfig:
 
     # Fields whose change makes a checkpoint's data order or head shape invalid.
     RESUME_FIXED: typing.ClassVar[tuple[str, ...]] = (
-        "kind", "num_layers", "draft_vocab_size", "feature_layer_ids", "init_head", "features", "data", "max_len",
-        "eval_records", "batch_size", "grad_accum", "seed")
+        "kind", "num_layers", "draft_vocab_size", "feature_layer_ids", "init_head", "init_vocab", "features", "data",
+        "max_len", "eval_records", "batch_size", "grad_accum", "seed")
 
     def __post_init__(self) -> None:
         if self.feature_layer_ids is not None:
@@ -195,6 +198,8 @@ class TrainConfig:
             raise ValueError(f"hard_weight must be in [0, 1], got {self.hard_weight}")
         if len(self.betas) != 2:
             raise ValueError(f"betas takes two values, got {self.betas}")
+        if self.init_vocab not in ("head", "data"):
+            raise ValueError(f"init_vocab must be head or data, got {self.init_vocab!r}")
 
     @property
     def noise(self) -> float:
@@ -597,27 +602,68 @@ def train(cfg: TrainConfig, target: Any = None, resume: bool = False) -> dict[st
             dist.destroy_process_group()
 
 
+def _data_token_counts(data: _Data) -> Counter[int]:
+    """Loss-masked (assistant) token frequencies of the training split."""
+    counts: Counter[int] = Counter()
+    for i in data.train_idx:
+        ids, mask = data.tokens(i)
+        counts.update(t for t, m in zip(ids, mask) if m)
+    return counts
+
+
+def _log_coverage(what: str, head: DraftHead, counts: Counter[int]) -> None:
+    covered = sum(c for t, c in counts.items() if head.t2d[t])
+    log.info("%s covers %.2f%% of the %d assistant tokens", what, 100 * covered / max(1, sum(counts.values())),
+             sum(counts.values()))
+
+
 def _init_from_head(head: DraftHead, cfg: TrainConfig, target: Any, data: _Data, device: torch.device) -> None:
-    """Copy an existing head's weights (and, for EAGLE-3, its draft vocabulary) into `head`; refuse a head
-    of another kind, depth, width, draft vocabulary or tapped layers with the differing values named."""
+    """Copy an existing head's weights into `head`; refuse a head of another kind, depth, width or tapped
+    layers with the differing values named.
+
+    EAGLE-3, init_vocab "head": the draft vocabulary is the source head's (its size must match). "data": a new
+    draft vocabulary is selected from this data (the source's may miss many of a new data set's tokens); the
+    lm_head rows of tokens in both vocabularies are copied and a new token's row is mapped from the target's
+    lm_head row by the least-squares linear map W_target @ A ~= W_source fitted on the shared tokens."""
     src = load_head(cfg.init_head, target.model, dtype=torch.float32, device=device)
     mine, theirs = head.config, src.config
-    diff = {k: (getattr(theirs, k), getattr(mine, k)) for k in
-            ("kind", "num_hidden_layers", "hidden_size", "intermediate_size", "draft_vocab_size", "vocab_size",
-             "feature_layer_ids")
-            if getattr(theirs, k, None) != getattr(mine, k, None)}
+    keys = ["kind", "num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "feature_layer_ids"]
+    if cfg.init_vocab == "head":
+        keys.append("draft_vocab_size")
+    diff = {k: (getattr(theirs, k), getattr(mine, k)) for k in keys if getattr(theirs, k, None) != getattr(mine, k, None)}
     if diff:
         raise ValueError(f"init_head {cfg.init_head} does not match this run: "
                          + ", ".join(f"{k} {a} (head) vs {b} (run)" for k, (a, b) in diff.items()))
-    head.load_state_dict(src.state_dict())
-    if cfg.kind == "eagle3":
-        counts: Counter[int] = Counter()
-        for i in data.train_idx:
-            ids, mask = data.tokens(i)
-            counts.update(t for t, m in zip(ids, mask) if m)
-        covered = sum(c for t, c in counts.items() if head.t2d[t])
-        log.info("init_head %s: its draft vocabulary covers %.2f%% of the %d assistant tokens", cfg.init_head,
-                 100 * covered / max(1, sum(counts.values())), sum(counts.values()))
+    if cfg.kind != "eagle3" or cfg.init_vocab == "head":
+        head.load_state_dict(src.state_dict())
+        if cfg.kind == "eagle3":
+            _log_coverage(f"init_head {cfg.init_head}: its draft vocabulary", head, _data_token_counts(data))
+        return
+    counts = _data_token_counts(data)
+    _log_coverage(f"init_head {cfg.init_head}: its draft vocabulary", src, counts)
+    vocab = select_draft_vocab(counts, mine.draft_vocab_size, mine.vocab_size, always=target.eos_token_ids)
+    head.set_draft_vocab(vocab.to(device))
+    state = {k: v for k, v in src.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if unexpected or sorted(missing) != ["d2t", "lm_head.weight", "t2d"]:
+        raise ValueError(f"init_head {cfg.init_head}: unexpected state (missing {missing}, extra {unexpected})")
+    src_ids = src.to_target_ids(torch.arange(theirs.draft_vocab_size, device=device))  # [V_src] target ids
+    new_ids = head.to_target_ids(torch.arange(mine.draft_vocab_size, device=device))   # [V_new]
+    row_of = {int(t): i for i, t in enumerate(src_ids.tolist())}
+    kept = torch.tensor([row_of.get(int(t), -1) for t in new_ids.tolist()], device=device)  # [V_new], -1 = new
+    lm_target = target.model.lm_head_weight.detach().to(device=device, dtype=torch.float32)  # [V, H]
+    w_src = src.lm_head.weight.detach()                                                        # [V_src, H]
+    shared = kept >= 0
+    a = torch.linalg.lstsq(lm_target[new_ids[shared]], w_src[kept[shared]]).solution          # [H, H]
+    fit = lm_target[new_ids[shared]] @ a
+    r2 = 1 - (fit - w_src[kept[shared]]).pow(2).sum() / (w_src[kept[shared]] - w_src[kept[shared]].mean(0)).pow(2).sum()
+    with torch.no_grad():
+        head.lm_head.weight.copy_(lm_target[new_ids] @ a)
+        head.lm_head.weight[shared] = w_src[kept[shared]]
+    log.info("init_head %s: new draft vocabulary of %d ids, %d rows copied, %d mapped from the target's lm_head "
+             "(fit R^2 %.3f on the shared rows)", cfg.init_head, mine.draft_vocab_size, int(shared.sum()),
+             int((~shared).sum()), float(r2))
+    _log_coverage("the new draft vocabulary", head, counts)
 
 
 def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[str, Any]:
@@ -645,7 +691,9 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     ).to(device=device, dtype=torch.float32)
 
     if state is not None:
-        changed = [k for k in TrainConfig.RESUME_FIXED if state["config"].get(k) != cfg.to_dict().get(k)]
+        defaults = TrainConfig.__dataclass_fields__
+        changed = [k for k in TrainConfig.RESUME_FIXED  # a key missing from an older checkpoint had its default
+                   if state["config"].get(k, defaults[k].default) != cfg.to_dict().get(k)]
         if changed or state["world_size"] != info.world_size:
             raise ValueError(f"cannot resume {ckpt}: it was trained with other "
                              f"{', '.join(changed) or 'world size'} (checkpoint: "
@@ -655,16 +703,11 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     elif cfg.init_head is not None:
         _init_from_head(head, cfg, target, data, device)
     elif cfg.kind == "eagle3":
-        counts: Counter[int] = Counter()
-        for i in data.train_idx:
-            ids, mask = data.tokens(i)
-            counts.update(t for t, m in zip(ids, mask) if m)
+        counts = _data_token_counts(data)
         vocab = select_draft_vocab(counts, head.config.draft_vocab_size, head.config.vocab_size,
                                    always=target.eos_token_ids)
         head.set_draft_vocab(vocab.to(device))
-        covered = sum(c for t, c in counts.items() if head.t2d[t])
-        log.info("draft vocabulary: %d ids cover %.2f%% of the %d assistant tokens", len(vocab),
-                 100 * covered / max(1, sum(counts.values())), sum(counts.values()))
+        _log_coverage(f"draft vocabulary: {len(vocab)} ids", head, counts)
 
     lm = target.model.lm_head_weight.detach().to(device=device, dtype=torch.float32)
     lm_weight = lm[head.to_target_ids(torch.arange(head.config.draft_vocab_size, device=device))] \
