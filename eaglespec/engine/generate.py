@@ -235,7 +235,7 @@ class Engine:
                 on_finish(self._completion(s))
 
     def _validate(self, key, r: Request, max_len: int) -> None:
-        r.config.validate()
+        """The request against this engine (its config validated itself when it was built)."""
         if not r.prompt_ids:
             raise ValueError(f"request {key}: the prompt is empty (no tokens)")
         need = len(r.prompt_ids) + r.config.max_new_tokens + self.slack
