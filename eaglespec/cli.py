@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 
-from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.config import ConfigError, GenerationConfig, SamplingParams
 from eaglespec.flags import add_draft_args, add_model_args, draft_options
 
 log = logging.getLogger("eaglespec")
@@ -97,11 +97,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise CLIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.batch_size < 1:
         raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
-    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.ignore_eos)
     try:
-        cfg.validate()
-    except ValueError as e:
+        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+        cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.ignore_eos)
+    except ConfigError as e:
         raise CLIError(str(e)) from None
 
     t0 = time.perf_counter()

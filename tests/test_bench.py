@@ -277,8 +277,8 @@ def test_teacher_forced_unroll_reproduces_real_drafting(model_dir, head_dir):
     trees = []
     real_propose = proposer.propose
 
-    def propose(rows, pending, prefix):
-        trees.append(real_propose(rows, pending, prefix))
+    def propose(rows, pending, prefix, **kw):
+        trees.append(real_propose(rows, pending, prefix, **kw))
         return trees[-1]
 
     proposer.propose = propose

@@ -38,7 +38,9 @@ def test_generate_json_vanilla_and_speculative_agree(capsys, model_dir, head_dir
 @pytest.mark.parametrize("argv,message", [
     (["--prompt", "   "], "empty prompt"),
     (["--prompt", "hi", "--max-new-tokens", "-3"], "max-new-tokens"),
-    (["--prompt", "hi", "--temperature", "-1"], "temperature"),
+    (["--prompt", "hi", "--temperature", "-1"], "temperature must be finite and >= 0"),
+    (["--prompt", "hi", "--temperature", "inf"], "temperature must be finite and >= 0"),
+    (["--prompt", "hi", "--temperature", "nan"], "temperature must be a number"),
     (["--prompt", "hi", "--top-p", "1.5"], "top_p"),
     ([], "no prompts"),
     (["--prompts-file", "/nonexistent.jsonl"], "no such file"),

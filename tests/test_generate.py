@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.config import ConfigError, GenerationConfig, SamplingParams
 from eaglespec.engine.generate import Engine, Request
 from helpers import tiny_target, tiny_tokenizer
 
@@ -107,6 +107,15 @@ def test_stop_string_and_eos_through_the_engine(tiny):
     first = full.token_ids.index(full.token_ids[3])
     e = Engine(eos_target).generate([Request(ids, greedy(40))])[0]
     assert e.token_ids == full.token_ids[: first + 1] and e.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("temperature,message", [(float("inf"), "finite and >= 0"), (-1.0, "finite and >= 0"),
+                                                 (float("nan"), "must be a number")])
+def test_a_bad_temperature_is_refused_before_anything_runs(temperature, message):
+    """Python API: the one rule set refuses it where it enters (not mid-step), naming the parameter."""
+    with pytest.raises(ConfigError, match=message) as e:
+        SamplingParams(temperature=temperature)
+    assert e.value.param == "temperature"
 
 
 def test_bad_inputs_get_clear_errors(tiny):

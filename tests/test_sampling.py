@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from eaglespec.spec.sampling import draw_uniforms, process_logits, sample_from_probs, validate_sampling_args
+from eaglespec.config import ConfigError, SamplingParams
+from eaglespec.spec.sampling import draw_uniforms, process_logits, sample_from_probs
 from stats import P_VALUE_MIN, chi2_sf_wilson_hilferty, chi_square
 
 def test_chi2_fallback_matches_scipy():
@@ -102,10 +103,10 @@ def test_any_leading_shape_dtype_and_masked_vocab():
     ],
 )
 def test_validation_errors(temperature, top_k, top_p, match):
-    with pytest.raises(ValueError, match=match):
-        validate_sampling_args(temperature, top_k, top_p)
-    with pytest.raises(ValueError, match=match):
-        process_logits(torch.zeros(3), temperature, top_k, top_p)
+    """The one rule set: refused where the value enters, naming it."""
+    with pytest.raises(ConfigError, match=match) as e:
+        SamplingParams(temperature, top_p, top_k)
+    assert e.value.param == match
 
 
 # ------------------------------------------------------------------------------------------ sample_from_probs

@@ -20,6 +20,7 @@ from typing import Iterator, Protocol, Sequence
 import torch
 
 from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.runtime.kvcache import HostRows
 from eaglespec.spec.sampling import draw_uniforms, process_logits
 from eaglespec.engine.stats import SequenceStats
 from eaglespec.engine.stopping import StopChecker
@@ -44,11 +45,16 @@ class Proposer(Protocol):
         ForwardOutput over the prompts and the first sampled (pending) token per row [B]; seeds: one draft
         seed per row, derived from the request's seed (random draft choices of a row depend only on it)."""
 
-    def propose(self, rows: torch.Tensor, pending: torch.Tensor, prefix_lengths: torch.Tensor) -> DraftTree:
-        """Draft a tree per row whose root is the row's pending token; prefix_lengths [B] = target KV lengths."""
+    def propose(self, rows: torch.Tensor, pending: torch.Tensor, prefix_lengths: torch.Tensor,
+                host: HostRows | None = None) -> DraftTree:
+        """Draft a tree per row whose root is the row's pending token; prefix_lengths [B] = target KV lengths;
+        host: the same rows and lengths as the engine holds them on the host (so drafting reads nothing back;
+        its max_position is the roots' position)."""
 
-    def commit(self, rows: torch.Tensor, tree: DraftTree, verdict: Verdict, out) -> None:
-        """After verification: the accepted path (and the target features of its nodes, in `out`)."""
+    def commit(self, rows: torch.Tensor, tree: DraftTree, verdict: Verdict, out,
+               n_accepted: list[int] | None = None) -> None:
+        """After verification: the accepted path (and the target features of its nodes, in `out`);
+        n_accepted: the host copy of `verdict.n_accepted` (the step's one read)."""
 
     def release(self, rows: torch.Tensor) -> None:
         """The sequences in these rows finished: their draft state may be dropped."""
@@ -92,6 +98,7 @@ class _Sequence:
     generator: torch.Generator
     seed: int
     pending: int = -1
+    length: int = 0  # committed tokens of its cache row (the host copy of cache.lengths[row])
     output: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
@@ -228,7 +235,7 @@ class Engine:
                 on_finish(self._completion(s))
 
     def _validate(self, key, r: Request, max_len: int) -> None:
-        r.config.validate()
+        """The request against this engine (its config validated itself when it was built)."""
         if not r.prompt_ids:
             raise ValueError(f"request {key}: the prompt is empty (no tokens)")
         need = len(r.prompt_ids) + r.config.max_new_tokens + self.slack
@@ -287,6 +294,7 @@ class Engine:
         first = verdict.bonus.tolist()
         chunks = []
         for s, tok in zip(seqs, first):
+            s.length = len(s.request.prompt_ids)
             s.stats.prefill_s = elapsed
             chunks.append(self._commit_tokens(s, [tok]))
         return chunks
@@ -328,8 +336,10 @@ class Engine:
         rows = torch.tensor([s.row for s in seqs], device=self.device)
         pending = torch.tensor([s.pending for s in seqs], device=self.device)
         prefix = self.cache.lengths[rows]
+        host_rows, host_lengths = tuple(s.row for s in seqs), tuple(s.length for s in seqs)
         if self.proposer is not None:
-            tree = self.proposer.propose(rows, pending, prefix)
+            tree = self.proposer.propose(rows, pending, prefix,
+                                         host=HostRows(host_rows, host_lengths, max(host_lengths)))
             hidden_indices = self.proposer.hidden_indices
         else:
             tree = DraftTree.root_only(pending[:, None])
@@ -337,6 +347,7 @@ class Engine:
         self._sync()
         t1 = time.perf_counter()
         n = tree.tokens.shape[1]
+        depth_bound = tree.max_depth if tree.max_depth is not None else n - 1
         out = self.model(
             tree.tokens,
             tree_positions(tree.depth, prefix),
@@ -345,6 +356,7 @@ class Engine:
             block_mask=None if n == 1 else tree_mask(tree.parents, tree.valid),
             logits_at="all",
             hidden_indices=hidden_indices,
+            host=HostRows(host_rows, host_lengths, max(host_lengths) + depth_bound),
         )
         verdict = self._verify(seqs, tree, out.logits)
         counts = verdict.n_accepted + 1  # root + accepted draft nodes enter the prefix
@@ -354,15 +366,16 @@ class Engine:
             self.cache.compact(rows, prefix[:, None] + verdict.path.clamp(min=0), counts)
         # Committed tokens: the accepted draft nodes' tokens, then the bonus token.
         path_tokens = tree.tokens.gather(1, verdict.path[:, 1:].clamp(min=0))  # [B, D]
-        self._sync()
-        t2 = time.perf_counter()
-        if self.proposer is not None:
-            self.proposer.commit(rows, tree, verdict, out)
-            self._sync()
-        t3 = time.perf_counter()
         # The one host read of the step: accepted count, accepted tokens and bonus token of every row.
         host = torch.cat([verdict.n_accepted[:, None], path_tokens, verdict.bonus[:, None]], dim=1).tolist()
         n_acc, path_tokens, bonus = [h[0] for h in host], [h[1:-1] for h in host], [h[-1] for h in host]
+        for s, k in zip(seqs, n_acc):
+            s.length += k + 1
+        t2 = time.perf_counter()
+        if self.proposer is not None:
+            self.proposer.commit(rows, tree, verdict, out, n_accepted=n_acc)
+            self._sync()
+        t3 = time.perf_counter()
         chunks = []
         for b, s in enumerate(seqs):
             st = s.stats

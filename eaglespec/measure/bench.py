@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.config import ConfigError, GenerationConfig, SamplingParams
 from eaglespec.flags import add_model_args
 from eaglespec.measure.records import COST_FILE, RECORDS_FILE, RUN_FILE, BenchError, first_mismatch, read_records
 
@@ -365,8 +365,13 @@ class Bench:
         self.methods = parse_methods(cfg.methods, cfg.seed)
         if not cfg.datasets:
             raise BenchError("no --dataset given")
-        if min(cfg.batch_sizes) < 1 or cfg.max_new_tokens < 1 or min(cfg.temperatures) < 0:
-            raise BenchError("--batch-size and --max-new-tokens must be >= 1, --temperature >= 0")
+        if min(cfg.batch_sizes) < 1 or cfg.max_new_tokens < 1:
+            raise BenchError("--batch-size and --max-new-tokens must be >= 1")
+        for temp in cfg.temperatures:  # the one rule set, before anything runs
+            try:
+                SamplingParams(temp, cfg.top_p)
+            except ConfigError as e:
+                raise BenchError(str(e)) from None
         self.questions = {}
         for spec in cfg.datasets:
             qs = load_questions(spec, cfg.limit, cfg.categories, cfg.max_turns, cfg.limit_per_category)

@@ -14,10 +14,27 @@ The cache never reallocates. A forward pass writes the K/V of its T new tokens a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-__all__ = ["ContextOverflowError", "KVCache"]
+__all__ = ["ContextOverflowError", "HostRows", "KVCache"]
+
+
+@dataclass(frozen=True)
+class HostRows:
+    """Host copies the caller already holds of a forward's cache rows, so planning its attention reads
+    nothing back from the device (the decode loop keeps them: it reads the accepted counts once per step).
+
+    ``rows`` are the values of the forward's ``rows`` tensor, ``lengths`` the committed lengths
+    ``cache.lengths[rows]`` (exact: they decide the attended length S), ``max_position`` an upper bound of
+    the forward's rotary positions (it only picks the precomputed rotary table or a fresh one).
+    """
+
+    rows: tuple[int, ...]
+    lengths: tuple[int, ...]
+    max_position: int
 
 
 class ContextOverflowError(ValueError):

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eaglespec.runtime.kvcache import ContextOverflowError, KVCache
+from eaglespec.runtime.kvcache import ContextOverflowError, HostRows, KVCache
 from eaglespec.runtime.quant import PackedLinear, linear
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "AttentionPlan",
     "DecoderLayer",
     "ForwardOutput",
+    "HostRows",
     "ModelArgs",
     "RMSNorm",
     "Rotary",
@@ -314,6 +315,7 @@ def plan_attention(
     block_mask: Tensor | None = None,
     positions: Tensor | None = None,
     batch: int | None = None,
+    host: HostRows | None = None,
 ) -> AttentionPlan:
     """Where the ``n_new`` tokens of each batch entry go and what every query may see.
 
@@ -326,9 +328,11 @@ def plan_attention(
     first W - T hold earlier uncommitted tokens (e.g. a draft tree's previous levels), visible only where
     the mask allows. W == T is the plain case.
 
-    One host sync (the attended length S is a shape): raises ``ContextOverflowError`` if a row would
-    pass ``cache.max_len``. ``positions`` (optional) only contributes its max to that sync, for ``Rotary``;
-    ``batch`` is needed when neither ``rows`` nor ``block_mask`` tells the batch size.
+    The attended length S is a shape, so it must be known on the host: from ``host`` (the rows and lengths
+    the caller already holds; no device read, as in every decode step) or else from one host read of the
+    lengths (prefill, tests). Raises ``ContextOverflowError`` if a row would pass ``cache.max_len``.
+    ``positions`` (optional) only contributes its max to that read, for ``Rotary``; ``batch`` is needed when
+    neither ``rows`` nor ``block_mask`` tells the batch size.
     """
     if batch is None:
         batch = rows.numel() if rows is not None else (block_mask.shape[0] if block_mask is not None else 1)
@@ -338,18 +342,28 @@ def plan_attention(
         raise ValueError(f"block_mask covers {width} block slots but there are {n_new} new tokens")
     offset = width - n_new  # block slots before the new tokens
     start = cache.lengths[idx]  # [B] committed prefix per entry
-    stats = [start.max(), start.min()]
-    if rows is not None:
-        stats += [idx[0], (idx.diff() == 1).all() if batch > 1 else torch.ones((), dtype=torch.bool, device=idx.device)]
-    if positions is not None:
-        stats.append(positions.max())
-    host = torch.stack([s.to(device=idx.device, dtype=torch.int64) for s in stats]).tolist()
-    max_start, min_start = host[0], host[1]
+    if host is not None:
+        if len(host.rows) != batch or len(host.lengths) != batch:
+            raise ValueError(f"host rows describe {len(host.rows)} rows and {len(host.lengths)} lengths, "
+                             f"the forward has {batch}")
+        max_start, min_start = max(host.lengths), min(host.lengths)
+        first, contiguous = host.rows[0], all(b - a == 1 for a, b in zip(host.rows, host.rows[1:]))
+        max_position = host.max_position if positions is not None else None
+    else:
+        stats = [start.max(), start.min()]
+        if rows is not None:
+            stats += [idx[0], (idx.diff() == 1).all() if batch > 1
+                      else torch.ones((), dtype=torch.bool, device=idx.device)]
+        if positions is not None:
+            stats.append(positions.max())
+        read = torch.stack([s.to(device=idx.device, dtype=torch.int64) for s in stats]).tolist()
+        max_start, min_start = read[0], read[1]
+        first, contiguous = (read[2], bool(read[3])) if rows is not None else (0, True)
+        max_position = read[-1] if positions is not None else None
     n_slots = max_start + width
     if n_slots > cache.max_len:
         raise cache.overflow_error(idx, width, batch) or ContextOverflowError("context overflow")
-    row_slice = slice(0, batch) if rows is None else (slice(host[2], host[2] + batch) if host[3] else None)
-    max_position = host[-1] if positions is not None else None
+    row_slice = slice(0, batch) if rows is None else (slice(first, first + batch) if contiguous else None)
     uniform = max_start == min_start
     dev = cache.device
     write_slots = start[:, None] + offset + torch.arange(n_new, device=dev)  # [B, T]
@@ -617,6 +631,7 @@ class Transformer(nn.Module):
         logits_at: Tensor | Literal["all"] | None = None,
         hidden_indices: Sequence[int] = (),
         prefill: bool = False,
+        host: HostRows | None = None,
     ) -> ForwardOutput:
         """Run T new tokens per batch entry over the cache (see docs/ARCHITECTURE.md).
 
@@ -631,13 +646,15 @@ class Transformer(nn.Module):
             hidden_indices: HF ``hidden_states`` indices (0 = embeddings, i = residual after layer i-1).
             prefill: a prompt forward (packed weights may use their measured prompt kernel; decode and
                 verification forwards always use the packed one, so greedy identity holds).
+            host: the rows' committed lengths as the caller holds them on the host (``plan_attention``):
+                the forward then reads nothing back from the device.
         """
         batch, n_new = tokens.shape
         n_layers = self.args.num_hidden_layers
         bad = [i for i in hidden_indices if not 0 <= i <= n_layers]
         if bad:
             raise ValueError(f"hidden_indices {bad} out of range [0, {n_layers}]")
-        plan = plan_attention(cache, n_new, rows, block_mask, positions=positions, batch=batch)
+        plan = plan_attention(cache, n_new, rows, block_mask, positions=positions, batch=batch, host=host)
         window = self.args.sliding_window
         if window is not None and plan.n_slots > window:
             raise cache.overflow_error(plan.rows, n_new, batch, limit=window, what="the sliding window") \

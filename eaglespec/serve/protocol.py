@@ -64,9 +64,11 @@ class _SamplingRequest(_Strict):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     """Generated-token budget; default: what is left of the context after the prompt."""
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    # Values are checked by the one rule set, `config.SamplingParams` (a 400 naming them); the API only adds
+    # OpenAI's upper bound of the temperature.
+    temperature: float = Field(default=1.0, le=2.0)
+    top_p: float = 1.0
+    top_k: int = 0
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
     stream: bool = False

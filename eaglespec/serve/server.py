@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from eaglespec.serve import protocol as P
-from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.config import ConfigError, GenerationConfig, SamplingParams
 from eaglespec.datasets import encode_messages
 from eaglespec.engine.generate import Engine
 from eaglespec.serve.scheduler import SPECULATIVE, VANILLA, Job, QueueFull, Scheduler, ServerMetrics, ShuttingDown
@@ -167,12 +167,11 @@ class ServerState:
             raise ApiError(400, f"{name}: {budget} tokens requested, but the prompt ({len(prompt_ids)} tokens) "
                                 f"leaves room for at most {room} in this server's context of {max_len} tokens",
                            param=name, code="context_length_exceeded")
-        sampling = SamplingParams(req.temperature, req.top_p, req.top_k, req.seed)
-        config = GenerationConfig(budget or room, sampling, req.stop_strings(), req.ignore_eos)
         try:
-            config.validate()
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
+            sampling = SamplingParams(req.temperature, req.top_p, req.top_k, req.seed)
+            config = GenerationConfig(budget or room, sampling, req.stop_strings(), req.ignore_eos)
+        except ConfigError as e:
+            raise ApiError(400, str(e), param=e.param) from None
         return Job(next(self._keys), engine, prompt_ids, config, asyncio.get_running_loop(), arrival=arrival)
 
     def encode_chat(self, messages: list[P.ChatMessage]) -> list[int]:

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eaglespec.runtime.kvcache import KVCache
+from eaglespec.runtime.kvcache import HostRows, KVCache
 from eaglespec.runtime.model import (
     AttentionPlan,
     ForwardOutput,
@@ -497,7 +497,7 @@ class DraftHead(nn.Module):
                        dtype=self.dtype, device=self.device)
 
     def forward(self, h: Tensor, tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor | None = None,
-                block_mask: Tensor | None = None) -> Tensor:
+                block_mask: Tensor | None = None, host: HostRows | None = None) -> Tensor:
         """One draft step over T new tokens per batch entry; returns the pre-norm output feature [B, T, H].
 
         Args:
@@ -510,13 +510,14 @@ class DraftHead(nn.Module):
                 the T new tokens are the last T of them (slots ``lengths + W - T + t``), the first W - T hold
                 earlier drafted, uncommitted tokens. Passed to ``plan_attention`` as is (W > T needs its
                 support for wide blocks).
+            host: the rows' committed lengths as held on the host (``plan_attention``; no device read).
 
         Under autograd each layer writes into a fresh copy of ``cache.k``/``cache.v`` (the old tensors stay
         intact for backward), so a graph may span several calls on one cache; start every training step
         from a fresh cache (or detach ``cache.k``/``cache.v``) so backward never reaches a freed graph.
         """
         batch, n_new = tokens.shape
-        plan = plan_attention(cache, n_new, rows, block_mask, positions=positions, batch=batch)
+        plan = plan_attention(cache, n_new, rows, block_mask, positions=positions, batch=batch, host=host)
         rope = self.rotary(positions, self.dtype, plan.max_position)
         emb = F.embedding(tokens, self.embed_weight)  # [B, T, H]
         x = h.to(self.dtype)

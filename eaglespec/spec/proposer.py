@@ -17,12 +17,13 @@ bonus token b, the new committed pairs are (f_root, a_1), (f_a1, a_2), ..., (f_a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from eaglespec.runtime.kvcache import HostRows
 from eaglespec.spec.heads import DraftHead
 from eaglespec.spec.tree import (
     DraftTree,
@@ -42,6 +43,7 @@ class _Drafted:
 
     prefix: Tensor  # int64 [B] draft/target prefix length P when drafting started
     node_slot: Tensor  # int64 [B, N]: offset (from P) of the draft slot holding each node's drafted pair, -1 if none
+    host: HostRows | None  # the rows and their lengths P on the host, when the engine passed them
 
 
 class EagleProposer:
@@ -80,6 +82,7 @@ class EagleProposer:
         self.cache = None
         self.last_h: Tensor | None = None  # [max_batch, H] draft output of each row's last committed pair
         self._drafted: _Drafted | None = None
+        self._host: HostRows | None = None  # of the current propose()
         self._static_masks: dict = {}
 
     # ------------------------------------------------------------------------------- engine protocol
@@ -122,26 +125,40 @@ class EagleProposer:
             for r in rows.tolist():
                 self.dispatcher.start_row(r)
 
-    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor) -> DraftTree:
+    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor,
+                host: HostRows | None = None) -> DraftTree:
+        """host: the rows and lengths as held on the host (the engine passes them): no draft forward reads
+        the device then."""
+        self._host = host
+        row_ids = host.rows if host is not None else None
         if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
-            cfg = self.dispatcher.pick(int(rows.numel()), rows.tolist())
+            cfg = self.dispatcher.pick(int(rows.numel()), list(row_ids) if row_ids is not None else rows.tolist())
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
-        # One host read of the row ids, only when drafts are sampled: each row draws from its own generator.
-        self._step_generators = [self._generators[r] for r in rows.tolist()] if self.draft_temperature > 0 else None
+        # Each row draws its sampled drafts from its own generator.
+        if self.draft_temperature > 0:
+            ids = row_ids if row_ids is not None else rows.tolist()
+            self._step_generators = [self._generators[r] for r in ids]
+        else:
+            self._step_generators = None
         # A chain is the static tree of one path: both draft level by level through `_draft_static`.
         draft = {"chain": self._draft_static, "static": self._draft_static, "dynamic": self._draft_dynamic,
                  "none": self._draft_none}
         tree, node_slot = draft[cfg.kind](cfg, rows, pending, prefix_lengths)
-        self._drafted = _Drafted(prefix_lengths, node_slot)
+        self._drafted = _Drafted(prefix_lengths, node_slot, host)
         return tree
 
-    def commit(self, rows: Tensor, tree: DraftTree, verdict, out) -> None:
-        """Append the accepted pairs to the draft cache and refresh last_h (see the module docstring)."""
+    def commit(self, rows: Tensor, tree: DraftTree, verdict, out, n_accepted: list[int] | None = None) -> None:
+        """Append the accepted pairs to the draft cache and refresh last_h (see the module docstring).
+
+        n_accepted: the host copy of ``verdict.n_accepted`` (the engine's one read per step). With it (and the
+        host rows given to ``propose``) the "stable" alignment reads nothing back; "last" still reads how many
+        drafted pairs it kept, which only the device knows."""
         d = self._drafted
+        host_k = n_accepted if n_accepted is not None else verdict.n_accepted.tolist()
         if hasattr(self.dispatcher, "observe"):
-            self.dispatcher.observe(rows.tolist(), self._cfg, verdict.n_accepted.tolist())
+            self.dispatcher.observe(list(d.host.rows) if d.host else rows.tolist(), self._cfg, host_k)
         B, D1 = verdict.path.shape  # path [B, D+1]: root first, -1 padded
         k = verdict.n_accepted  # [B]
         path = verdict.path.clamp(min=0)
@@ -159,13 +176,15 @@ class EagleProposer:
             m = torch.zeros_like(k)
         # Re-encode pairs m..k with the target's true features.
         n_new = k + 1 - m  # [B] >= 1
-        T = int(n_new.max())
+        stable = self.alignment == "stable" and d.host is not None
+        T = max(host_k) + 1 if stable else int(n_new.max())  # stable: m = 0, the pairs are known on the host
         idx = (m[:, None] + torch.arange(T, device=path.device)[None, :]).clamp(max=D1 - 1)  # [B, T] pair ids
         feats = self.head.target_feature(out).to(self.head.dtype)  # [B, N, F]
         f = feats.gather(1, path.gather(1, idx)[:, :, None].expand(B, T, feats.shape[-1]))  # [B, T, F]
         toks = next_tok.gather(1, idx)  # [B, T]
         positions = d.prefix[:, None] + idx  # pair j sits at the position of its feature, P + j
-        o = self.head(self.head.fuse(f), toks, positions, self.cache, rows=rows)  # [B, T, H]
+        host = replace(d.host, max_position=max(d.host.lengths) + D1 - 1) if stable else None
+        o = self.head(self.head.fuse(f), toks, positions, self.cache, rows=rows, host=host)  # [B, T, H]
         self.cache.advance(rows, n_new)
         self.last_h[rows] = o.gather(1, (n_new - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
 
@@ -202,7 +221,8 @@ class EagleProposer:
         (from P) each node sees, the K new ones last. Returns outputs [B, K, H]."""
         B, K = tokens.shape
         positions = (prefix + depth - 1)[:, None].expand(B, K)
-        return self.head(parent_h, tokens, positions, self.cache, rows=rows, block_mask=mask)
+        host = None if self._host is None else replace(self._host, max_position=max(self._host.lengths) + depth - 1)
+        return self.head(parent_h, tokens, positions, self.cache, rows=rows, block_mask=mask, host=host)
 
     def _draft_none(self, cfg: TreeConfig, rows, pending, prefix):
         """No draft tokens: the target decodes one token; commit() still encodes the (feature, token) pair."""
@@ -304,7 +324,7 @@ class ReplayProposer:
         for r, t, n in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
             self._rows[r] = (self.continuations.get(tuple(t[:n]), []), n)
 
-    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor) -> DraftTree:
+    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor, host=None) -> DraftTree:
         drafts = []
         for r, p in zip(rows.tolist(), prefix_lengths.tolist()):
             cont, n = self._rows[r]
@@ -314,5 +334,5 @@ class ReplayProposer:
         toks = torch.tensor(drafts, dtype=torch.long, device=pending.device)
         return chain_tree(pending, toks, torch.zeros(toks.shape, device=pending.device))
 
-    def commit(self, rows, tree, verdict, out) -> None:
+    def commit(self, rows, tree, verdict, out, n_accepted=None) -> None:
         pass
