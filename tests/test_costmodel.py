@@ -130,3 +130,72 @@ def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
     assert picks[0] == picks[1]  # same choices step by step
     # a random head is (almost) never accepted: the dispatcher mostly stops drafting and probes
     assert picks[0].count("none") > len(picks[0]) / 2 and "chain" in picks[0]
+
+
+def test_predicted_speedup_adds_up_rounds_not_ratios():
+    from eaglespec.engine.stats import SequenceStats
+    from eaglespec.spec.costmodel import Choice
+
+    plain = Choice("none", 1.0, 1.0, 0.010)
+    chain = Choice("chain3", 3.0 * 0.010 / 0.020, 3.0, 0.020)
+    assert plain.vanilla_s == pytest.approx(0.010) and chain.vanilla_s == pytest.approx(0.010)
+    a, b = SequenceStats(), SequenceStats()
+    for st, choices in ((a, [plain, chain]), (b, [chain, chain])):
+        for c in choices:
+            st.record_accepted(int(c.expected_tokens) - 1)
+            st.record_tree(c.label, c)
+    assert a.tree_rounds == {"none": 1, "chain3": 1}
+    # 4 tokens in 0.030 s against 2 plain tokens in 0.020 s (the mean of the two ratios, 1.25, would not
+    # compare with a measured tokens/s ratio)
+    assert a.predicted_speedup == pytest.approx((4 / 0.030) / (2 / 0.020))
+    pooled = SequenceStats.pooled([a, b])
+    assert pooled.tree_rounds == {"none": 1, "chain3": 3}
+    assert pooled.predicted_speedup == pytest.approx((10 / 0.070) / (4 / 0.040))
+    again = SequenceStats.from_record({"target_forwards": 2, **a.dispatch_record()})
+    assert again.predicted_speedup == pytest.approx(a.predicted_speedup) and again.tree_rounds == a.tree_rounds
+    fixed = SequenceStats()
+    fixed.record_tree("chain2")  # a fixed tree: counted, no prediction
+    assert fixed.tree_rounds == {"chain2": 1} and fixed.predicted_speedup is None
+    assert fixed.dispatch_record()["predicted_speedup"] is None
+
+
+def test_engine_stats_count_the_chosen_trees_and_their_predictions():
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.dispatch import AdaptiveDispatcher, tree_label
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.tree import TreeConfig
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:2]]
+    d = AdaptiveDispatcher(flat_costs(batches=(1, 2)), repick_every=2, probe_every=3)
+    steps = []
+    orig = d.pick
+
+    def pick(b, rows=None):
+        cfg = orig(b, rows)
+        steps.append((tree_label(cfg), d.step))
+        return cfg
+
+    d.pick = pick
+    head = make_head(target, "eagle3")
+    reqs = [Request(p, GenerationConfig(24, ignore_eos=True)) for p in prompts]
+    with torch.inference_mode():
+        done = Engine(target, EagleProposer(head, d), max_batch_size=2).generate(reqs)
+    assert {label for label, _ in steps} >= {"none", "chain1"}  # paused, and probed with the cheapest chain
+    assert all(label == c.label for label, c in steps)  # each step's prediction is for the tree it ran
+    for c in done:  # both rows ran every step together
+        st = c.stats
+        assert st.tree_rounds == {k: sum(1 for label, _ in steps if label == k) for k, _ in steps}
+        assert sum(st.tree_rounds.values()) == st.target_forwards == len(steps)
+        tokens = sum(ch.expected_tokens for _, ch in steps)
+        secs = sum(ch.step_s for _, ch in steps)
+        plain = sum(ch.vanilla_s for _, ch in steps)
+        assert st.predicted_speedup == pytest.approx((tokens / secs) / (len(steps) / plain))
+    with torch.inference_mode():  # a fixed tree: counted, nothing predicted
+        fixed = Engine(target, EagleProposer(head, TreeConfig.chain(2))).generate(reqs[:1])[0].stats
+    assert fixed.tree_rounds == {"chain2": fixed.target_forwards} and fixed.predicted_speedup is None

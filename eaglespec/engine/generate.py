@@ -53,6 +53,10 @@ class Proposer(Protocol):
     def release(self, rows: torch.Tensor) -> None:
         """The sequences in these rows finished: their draft state may be dropped."""
 
+    # Optional, read after each propose() for the sequences' stats (absent = not reported):
+    # step_label: str, the tree drafted (dispatch.tree_label); step_choice: costmodel.Choice | None, the cost
+    # model's prediction for it (adaptive dispatch).
+
 
 @dataclass
 class Request:
@@ -331,9 +335,11 @@ class Engine:
         if self.proposer is not None:
             tree = self.proposer.propose(rows, pending, prefix)
             hidden_indices = self.proposer.hidden_indices
+            label = getattr(self.proposer, "step_label", None)
+            choice = getattr(self.proposer, "step_choice", None)
         else:
             tree = DraftTree.root_only(pending[:, None])
-            hidden_indices = ()
+            hidden_indices, label, choice = (), None, None
         self._sync()
         t1 = time.perf_counter()
         n = tree.tokens.shape[1]
@@ -367,6 +373,7 @@ class Engine:
         for b, s in enumerate(seqs):
             st = s.stats
             st.record_accepted(n_acc[b])
+            st.record_tree(label, choice)
             st.draft_s += (t1 - t0) + (t3 - t2)
             st.verify_s += t2 - t1
             k = n_acc[b]

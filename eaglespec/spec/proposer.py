@@ -23,6 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from eaglespec.spec.costmodel import Choice
+from eaglespec.spec.dispatch import tree_label
 from eaglespec.spec.heads import DraftHead
 from eaglespec.spec.tree import (
     DraftTree,
@@ -81,6 +83,8 @@ class EagleProposer:
         self.last_h: Tensor | None = None  # [max_batch, H] draft output of each row's last committed pair
         self._drafted: _Drafted | None = None
         self._static_masks: dict = {}
+        self.step_label: str | None = None  # the tree of the latest propose() (dispatch.tree_label)
+        self.step_choice: Choice | None = None  # the cost model's prediction for it (adaptive dispatch only)
 
     # ------------------------------------------------------------------------------- engine protocol
 
@@ -128,6 +132,8 @@ class EagleProposer:
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
+        self.step_label = tree_label(cfg)
+        self.step_choice = getattr(self.dispatcher, "step", None)
         # One host read of the row ids, only when drafts are sampled: each row draws from its own generator.
         self._step_generators = [self._generators[r] for r in rows.tolist()] if self.draft_temperature > 0 else None
         # A chain is the static tree of one path: both draft level by level through `_draft_static`.
@@ -290,6 +296,8 @@ class ReplayProposer:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
         self.max_tree_nodes = depth + 1
+        self.step_label = f"chain{depth}"
+        self.step_choice = None
         self.continuations = {tuple(k): list(v) for k, v in continuations.items()}
         self._rows: dict[int, tuple[list[int], int]] = {}  # row -> (continuation, prompt length)
 
