@@ -199,3 +199,90 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
     with torch.inference_mode():  # a fixed tree: counted, nothing predicted
         fixed = Engine(target, EagleProposer(head, TreeConfig.chain(2))).generate(reqs[:1])[0].stats
     assert fixed.tree_rounds == {"chain2": fixed.target_forwards} and fixed.predicted_speedup is None
+
+
+# ------------------------------------------------------------------------------------------- paused state
+class Scripted:
+    """A tree dispatcher that runs a fixed sequence of trees, one per step (the last one repeats)."""
+
+    def __init__(self, script):
+        self.script, self.i = script, 0
+        self.configs = list(dict.fromkeys(script))
+
+    def pick(self, batch_size):
+        cfg = self.script[min(self.i, len(self.script) - 1)]
+        self.i += 1
+        return cfg
+
+
+def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts():
+    """A paused step only records its pair; the catch-up (when drafting resumes, a probe drafts, or the buffer
+    is full) must leave the draft state exactly as encoding the pairs step by step does (max_lag=0): the same
+    trees, token for token, with the same draft probabilities, on ragged rows that join and leave mid-pause."""
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.tree import TreeConfig
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    none, chain3 = TreeConfig.none(), TreeConfig.chain(3)
+    script = ([none] * 10 + [chain3] * 2 + [none] * 3 + [TreeConfig.dynamic(topk=3, depth=3, tree_tokens=8)]
+              + [none] * 9 + [TreeConfig.chain(2)] + [none] * 7 + [chain3])
+    # the second request finishes 3 steps into the first pause and the third takes its row: ragged lags
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(n, ignore_eos=True))
+            for p, n in zip(PROMPTS, (40, 4, 30))]
+    head = make_head(target, "eagle3")
+    runs = []
+    for max_lag in (0, 16, 4):  # encode every step; catch up when drafting resumes; also when 4 pairs wait
+        proposer = EagleProposer(head, Scripted(script), max_lag=max_lag)
+        trees = []
+        orig = proposer.propose
+        proposer.propose = lambda *a: trees.append(orig(*a)) or trees[-1]
+        with torch.inference_mode():
+            done = Engine(target, proposer, max_batch_size=2).generate(reqs)
+        runs.append(([c.token_ids for c in done], trees))
+    (eager_out, eager), *lazy_runs = runs
+    for lazy_out, lazy in lazy_runs:
+        assert lazy_out == eager_out and len(lazy) == len(eager) > len(script)
+        drafted = 0
+        for a, b in zip(eager, lazy):
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+            torch.testing.assert_close(a.draft_logp, b.draft_logp, rtol=0, atol=1e-5)
+            drafted += a.tokens.shape[1] > 1
+        assert drafted >= 5  # drafting resumed after pauses of 10, 3, 9 and 7 steps
+
+
+def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
+    """Adaptive dispatch with a head that is never right: mostly paused (lazy), probing now and then. Greedy
+    tokens equal vanilla's; a seeded sampling run repeats token for token."""
+    import torch
+
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from eaglespec.spec.proposer import EagleProposer
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:3]]
+
+    def run(sampling, proposer):
+        reqs = [Request(p, GenerationConfig(40, sampling, ignore_eos=True)) for p in prompts]
+        with torch.inference_mode():
+            return [c.token_ids for c in Engine(target, proposer, max_batch_size=2).generate(reqs)]
+
+    def spec():
+        return EagleProposer(make_head(target, "eagle3"), AdaptiveDispatcher(flat_costs(batches=(1, 2)),
+                                                                             repick_every=2, probe_every=5))
+
+    greedy = SamplingParams(temperature=0.0)
+    assert run(greedy, spec()) == run(greedy, None)
+    hot = SamplingParams(temperature=1.0, seed=7)
+    first = run(hot, spec())
+    assert run(hot, spec()) == first
+    assert run(SamplingParams(temperature=1.0, seed=8), spec()) != first  # the seed matters
