@@ -2,7 +2,8 @@
 
 Budget per step: one read of the accepted tokens in the engine; one read per forward inside
 `plan_attention` (the attended length is a shape); and, with a proposer, one read in its commit (the number of
-pairs to re-encode). Verification reads nothing: the tree carries its depth bound (`DraftTree.max_depth`).
+pairs to re-encode), none when drafting is paused (the pair is only recorded). Verification reads nothing:
+the tree carries its depth bound (`DraftTree.max_depth`).
 """
 
 import collections
