@@ -5,8 +5,9 @@ per-request acceptance (``costmodel.py`` has the formulas).
   earlier requests showed about this head) and updated after every verification of that row.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size.
-* A batch that stopped drafting (choice ``none``) keeps its draft cache in sync and probes: every
-  ``probe_every`` steps it drafts the cheapest candidate once, so acceptance that recovers is seen again.
+* A batch that stopped drafting (choice ``none``) probes: every ``probe_every`` steps it drafts the cheapest
+  candidate once, so acceptance that recovers is seen again. (The proposer records the pairs of paused steps
+  and catches its draft cache up in one forward when drafting resumes: ``proposer.py``.)
 * ``last`` holds the latest choice (a ``costmodel.Choice``: label, predicted speedup, expected tokens, step
   seconds); ``step`` the prediction for the tree the latest ``pick`` returned (a probe's own, while paused).
   The proposer hands ``step`` to the engine, whose per-sequence stats count the trees and add up the
