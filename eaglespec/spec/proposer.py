@@ -205,6 +205,11 @@ class EagleProposer:
 
     # ------------------------------------------------------------------------------------ paused steps
 
+    def covered_lengths(self, rows: Tensor) -> Tensor:
+        """int64 [B]: committed tokens the draft state of each row covers, encoded in the draft cache or
+        recorded for the catch-up; equals the target cache's lengths after every step."""
+        return self.cache.lengths[rows] + self._lag_n[rows]
+
     def _record_paused(self, rows: Tensor, bonus: Tensor, out) -> None:
         """A plain step's pair per row, (f_root, bonus) at the row's next draft position, recorded for the
         catch-up instead of encoded (rows [B], bonus [B]; ``out`` over the one-node trees)."""
