@@ -1,4 +1,4 @@
-"""`eaglespec` command line: `eaglespec generate ...`.
+"""`eaglespec` command line: `eaglespec generate ...`, `eaglespec calibrate`.
 
 Results go to stdout (text, or one JSON object per prompt with --json); progress and logs go to stderr.
 """
@@ -78,6 +78,7 @@ def _completion_record(c, prompt: str) -> dict:
         "verify_s": round(st.verify_s, 6),
         "wall_s": round(st.wall_s, 6),
         "tokens_per_s": round(st.new_tokens / st.wall_s, 3) if st.wall_s > 0 else None,
+        **st.dispatch_record(),
     }
 
 
@@ -131,6 +132,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure (or load) this machine's speculation costs for the target and head; print the table."""
+    import torch
+
+    from eaglespec.engine.calibrate import calibration_candidates, calibration_for, cost_table_text
+    from eaglespec.runtime.loading import cache_root, load_target
+    from eaglespec.spec.heads import load_head
+    from eaglespec.spec.speculative import resolve_head_dir
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise CLIError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    opts = draft_options(args)
+    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    head_dir = resolve_head_dir(opts, target)
+    if head_dir is None:
+        raise CLIError("no draft head to calibrate: give one with --draft DIR (the default model's head is "
+                       "shipped; other models need their own)")
+    head = load_head(head_dir, target.model, dtype=target.model.dtype, device=target.model.device).eval()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        costs, measured = calibration_for(target, head, head_dir, opts, recalibrate=args.force)
+    how = f"measured now in {time.perf_counter() - t0:.1f} s" if measured else "cached (--force measures again)"
+    print(f"calibration of {target.name} ({args.dtype}, {torch.get_num_threads()} threads) with the head "
+          f"{head_dir}: {how}; cache {cache_root() / 'calibration'}")
+    print(cost_table_text(costs, calibration_candidates(opts)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eaglespec", description="EAGLE speculative decoding")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
@@ -138,6 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for prompts")
     _add_generate_args(g)
     g.set_defaults(func=cmd_generate)
+    c = sub.add_parser("calibrate", help="measure this machine's speculation costs (cached) and print them",
+                       description="Measure the target's verify cost per batch size and tokens and the draft cost "
+                                   "of every candidate tree (docs/DISPATCH.md); cached per machine, model, "
+                                   "precision and head, and used by --tree auto.")
+    add_model_args(c)
+    c.add_argument("--draft", default=None, help="EAGLE head directory (default: the shipped head)")
+    c.add_argument("--draft-temperature", type=float, default=0.0,
+                   help="> 0: calibrate the candidates of draft sampling (chains only)")
+    c.add_argument("--draft-alignment", default="stable", choices=["stable", "last"])
+    c.add_argument("--threads", type=int, default=None, help="torch CPU threads (part of the machine key)")
+    c.add_argument("--force", action="store_true", help="measure again even when a cached calibration exists")
+    c.set_defaults(func=cmd_calibrate, tree="auto", depth=None, topk=None, tree_tokens=None, tree_paths=None,
+                   seed=None)
     __import__("eaglespec.train.cli", fromlist=["register"]).register(sub)
     __import__("eaglespec.measure.bench", fromlist=["register"]).register(sub)
     __import__("eaglespec.measure.report", fromlist=["register"]).register(sub)

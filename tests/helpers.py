@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from types import SimpleNamespace
 
@@ -79,3 +80,19 @@ def tiny_target(family: str = "llama", dtype=torch.float32, seed: int = 0, **ove
     target = SimpleNamespace(model=model, tokenizer=tiny_tokenizer(), eos_token_ids=[2], name=f"tiny-{family}",
                              hf_config=hf.config)
     return target, hf
+
+
+@contextlib.contextmanager
+def quick_calibration(cache_dir):
+    """`--tree auto` calibration in seconds on tiny models (batch sizes 1 and 2, 16-token prefix), cached under
+    `cache_dir` instead of the user's cache."""
+    import pytest
+
+    from eaglespec.engine import calibrate as cal
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cal, "BATCHES", (1, 2))
+        mp.setattr(cal, "VERIFY_TOKENS", (1, 2, 4, 8))
+        mp.setattr(cal, "PREFIX", 16)
+        mp.setenv("EAGLESPEC_CACHE_DIR", str(cache_dir))
+        yield

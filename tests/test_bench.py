@@ -7,12 +7,13 @@ import json
 
 import pytest
 import torch
-from helpers import tiny_tokenizer
+from helpers import quick_calibration, tiny_tokenizer
 
 from eaglespec.measure import bench
 from eaglespec.measure import report
 from eaglespec.cli import main
 from eaglespec.datasets import DatasetError, encode_conversation, load_questions
+from eaglespec.engine.stats import SequenceStats
 
 
 # ============================================================================================ metrics
@@ -61,6 +62,21 @@ def test_metrics_match_hand_computed_values():
     assert "| d | 0 | 1 | eagle | 2 | 22 | 22.0 | 2.00x | 2.00 |" in summary
     shares = report.time_shares([rec("eagle", 1, 11, 4, 2.0, prefill_s=0.2, draft_s=0.6, verify_s=1.0)])
     assert shares == pytest.approx({"prefill": 0.1, "draft": 0.3, "verify": 0.5})
+
+
+def test_dispatcher_table_compares_pooled_predictions_with_measured_speedup():
+    vanilla = [rec("vanilla", q, 11, 10, 1.0, [], draft_s=0.01, verify_s=0.09) for q in (1, 2)]
+    # predicted: 2 rounds of 3 tokens in 0.02 s each against a 0.01 s plain step -> (6/0.04) / (2/0.02) = 1.5x
+    pred = {"predicted_rounds": 2, "predicted_tokens": 6.0, "predicted_s": 0.04, "predicted_vanilla_s": 0.02,
+            "tree_rounds": {"chain3": 2}, "draft_s": 0.1, "verify_s": 0.3}
+    auto = [rec("eagle", q, 11, 4, 0.5, [4, 2], depth=3, **pred) for q in (1, 2)]
+    # measured 2.0x on the same prompts; a record without its vanilla counterpart is left out
+    lines = report.dispatch_table(vanilla + auto + [rec("eagle", 3, 11, 4, 0.01, **pred)])
+    row = next(ln for ln in lines if "| eagle |" in ln)
+    # ratio 0.75: outside 15%; tokens/round 3.00 vs tau 2.50; step 20 ms predicted vs (0.1 + 0.3) / 4 s measured
+    assert row == ("| d | 0 | 1 | eagle | 2 | chain3 100% | 1.50x | 2.00x | 0.75 | **no** | 3.00 / 2.50 | "
+                   "20.00 / 100.00 | 10.00 / 10.00 |")
+    assert report.dispatch_table(vanilla) == []  # no dispatcher records, no table
 
 
 def test_cost_curve_math():
@@ -244,6 +260,33 @@ def test_report_flags_an_injected_mismatch(bench_run, tmp_path):
     text = (out / "report.md").read_text()
     assert "GREEDY MISMATCHES: 1 record(s)" in text and "hf-prompt-lookup batch 1: first difference at token 3" in text
     assert "| hf-prompt-lookup | none | 1 |" in text and "**1 of 1**" in text
+
+
+def test_bench_records_the_dispatchers_choice_and_both_speedups(model_dir, head_dir, questions, tmp_path):
+    out = tmp_path / "auto"
+    with quick_calibration(tmp_path / "cache"):
+        assert main(bench_argv(model_dir, questions, out, "--methods", f"vanilla,eagle:head={head_dir},auto",
+                               "--batch-size", "1,2", "--max-turns", "1", "--no-report")) == 0
+    records = bench.read_records(out / "records.jsonl")
+    vanilla = {(r["question_id"], r["batch_size"]): r for r in records if r["method"] == "vanilla"}
+    auto = [r for r in records if r["method"] != "vanilla"]
+    assert len(auto) == 6 and all(r["measured_speedup"] is None for r in vanilla.values())
+    for r in auto:
+        assert r["tree"] == "auto" and r["mismatch"] is False
+        assert sum(r["tree_rounds"].values()) == r["target_forwards"] == r["predicted_rounds"]
+        assert r["predicted_speedup"] > 0 and 1 <= r["tree_nodes"] <= 17
+        v = vanilla[(r["question_id"], r["batch_size"])]
+        tps = (lambda x: x["new_tokens"] * x["batch_n"] / x["batch_wall_s"])
+        assert r["measured_speedup"] == pytest.approx(tps(r) / tps(v), abs=1e-4)
+    report.write_report(out, plots=False)
+    text = (out / "report.md").read_text()
+    assert "## Dispatcher: predicted vs measured" in text
+    for b in (1, 2):
+        rs = [r for r in auto if r["batch_size"] == b]
+        pred = SequenceStats.pooled(SequenceStats.from_record(r) for r in rs).predicted_speedup
+        meas = report.speedup(rs, [vanilla[(r["question_id"], b)] for r in rs])
+        assert f"| mt | 0 | {b} | eagle:head={head_dir},auto | 3 |" in text
+        assert f"| {pred:.2f}x | {meas:.2f}x | {pred / meas:.2f} |" in text
 
 
 def test_cost_curve_smoke(model_dir, tmp_path, capsys):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from eaglespec.cli import main
-from helpers import tiny_tokenizer
+from helpers import quick_calibration, tiny_tokenizer
 
 
 def run_json(capsys, *argv):
@@ -33,6 +33,57 @@ def test_generate_json_vanilla_and_speculative_agree(capsys, model_dir, head_dir
                                                        "--tree-tokens", "5"], ["--tree", "static"]):
         spec = run_json(capsys, *common, "--draft", str(head_dir), *tree)
         assert [r["token_ids"] for r in spec] == [r["token_ids"] for r in vanilla]
+
+
+def test_generate_json_reports_the_trees_and_the_predicted_speedup(capsys, model_dir, head_dir, tmp_path):
+    common = ["--model", str(model_dir), "--prompt", "1 2 3 4", "--prompt", "The quick brown fox",
+              "--max-new-tokens", "16", "--ignore-eos"]
+    vanilla = run_json(capsys, *common, "--draft", "none")
+    with quick_calibration(tmp_path):
+        auto = run_json(capsys, *common, "--draft", str(head_dir))
+        table = run_json(capsys, *common, "--draft", str(head_dir), "--no-calibrate")
+    labels = {"none", "chain1", "chain2", "chain3", "chain4", "chain6", "dynamic5x4:16"}
+    for v, a, t in zip(vanilla, auto, table):
+        assert a["token_ids"] == t["token_ids"] == v["token_ids"]
+        assert sum(a["tree_rounds"].values()) == a["target_forwards"] and set(a["tree_rounds"]) <= labels
+        assert a["predicted_speedup"] > 0 and a["predicted_rounds"] == a["target_forwards"]
+        assert t["tree_rounds"] == {"chain1": t["target_forwards"]} and t["predicted_speedup"] is None
+        assert v["tree_rounds"] == {} and v["predicted_speedup"] is None
+
+
+def test_calibrate_measures_once_prints_the_table_and_force_measures_again(capsys, model_dir, head_dir, tmp_path,
+                                                                           monkeypatch):
+    from eaglespec.engine import calibrate as cal
+
+    argv = ["calibrate", "--model", str(model_dir), "--draft", str(head_dir)]
+    with quick_calibration(tmp_path):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "measured now" in out and "break-even" in out
+        assert all(f"| {tree}" in out for tree in ("chain1", "chain6", "dynamic5x4:16"))
+        (cached,) = (tmp_path / "calibration").glob("*.json")
+        measured = cached.read_text()
+        real = cal.calibrate
+        monkeypatch.setattr(cal, "calibrate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+        assert main(argv) == 0  # the cached table, printed the same way
+        again = capsys.readouterr().out
+        assert "cached" in again and again.split("\n", 1)[1] == out.split("\n", 1)[1]
+        # --tree auto uses the same calibration (a new measurement would raise)
+        assert main(["generate", "--model", str(model_dir), "--draft", str(head_dir), "--prompt", "hi",
+                     "--max-new-tokens", "4", "--no-warmup"]) == 0
+        with pytest.raises(AssertionError, match="measured"):
+            main(argv + ["--force"])
+        monkeypatch.setattr(cal, "calibrate", real)
+        assert main(argv + ["--force"]) == 0
+        assert "measured now" in capsys.readouterr().out
+        assert [p.name for p in (tmp_path / "calibration").glob("*.json")] == [cached.name]
+        assert cached.read_text() != measured  # measured again (timings never repeat to the nanosecond)
+
+
+def test_calibrate_without_a_head_is_a_clear_error(capsys, model_dir):
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate", "--model", str(model_dir)])
+    assert e.value.code == 2 and "no draft head" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [

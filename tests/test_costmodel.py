@@ -130,3 +130,159 @@ def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
     assert picks[0] == picks[1]  # same choices step by step
     # a random head is (almost) never accepted: the dispatcher mostly stops drafting and probes
     assert picks[0].count("none") > len(picks[0]) / 2 and "chain" in picks[0]
+
+
+def test_predicted_speedup_adds_up_rounds_not_ratios():
+    from eaglespec.engine.stats import SequenceStats
+    from eaglespec.spec.costmodel import Choice
+
+    plain = Choice("none", 1.0, 1.0, 0.010)
+    chain = Choice("chain3", 3.0 * 0.010 / 0.020, 3.0, 0.020)
+    assert plain.vanilla_s == pytest.approx(0.010) and chain.vanilla_s == pytest.approx(0.010)
+    a, b = SequenceStats(), SequenceStats()
+    for st, choices in ((a, [plain, chain]), (b, [chain, chain])):
+        for c in choices:
+            st.record_accepted(int(c.expected_tokens) - 1)
+            st.record_tree(c.label, c)
+    assert a.tree_rounds == {"none": 1, "chain3": 1}
+    # 4 tokens in 0.030 s against 2 plain tokens in 0.020 s (the mean of the two ratios, 1.25, would not
+    # compare with a measured tokens/s ratio)
+    assert a.predicted_speedup == pytest.approx((4 / 0.030) / (2 / 0.020))
+    pooled = SequenceStats.pooled([a, b])
+    assert pooled.tree_rounds == {"none": 1, "chain3": 3}
+    assert pooled.predicted_speedup == pytest.approx((10 / 0.070) / (4 / 0.040))
+    again = SequenceStats.from_record({"target_forwards": 2, **a.dispatch_record()})
+    assert again.predicted_speedup == pytest.approx(a.predicted_speedup) and again.tree_rounds == a.tree_rounds
+    fixed = SequenceStats()
+    fixed.record_tree("chain2")  # a fixed tree: counted, no prediction
+    assert fixed.tree_rounds == {"chain2": 1} and fixed.predicted_speedup is None
+    assert fixed.dispatch_record()["predicted_speedup"] is None
+
+
+def test_engine_stats_count_the_chosen_trees_and_their_predictions():
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.dispatch import AdaptiveDispatcher, tree_label
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.tree import TreeConfig
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:2]]
+    d = AdaptiveDispatcher(flat_costs(batches=(1, 2)), repick_every=2, probe_every=3)
+    steps = []
+    orig = d.pick
+
+    def pick(b, rows=None):
+        cfg = orig(b, rows)
+        steps.append((tree_label(cfg), d.step))
+        return cfg
+
+    d.pick = pick
+    head = make_head(target, "eagle3")
+    reqs = [Request(p, GenerationConfig(24, ignore_eos=True)) for p in prompts]
+    with torch.inference_mode():
+        done = Engine(target, EagleProposer(head, d), max_batch_size=2).generate(reqs)
+    assert {label for label, _ in steps} >= {"none", "chain1"}  # paused, and probed with the cheapest chain
+    assert all(label == c.label for label, c in steps)  # each step's prediction is for the tree it ran
+    for c in done:  # both rows ran every step together
+        st = c.stats
+        assert st.tree_rounds == {k: sum(1 for label, _ in steps if label == k) for k, _ in steps}
+        assert sum(st.tree_rounds.values()) == st.target_forwards == len(steps)
+        tokens = sum(ch.expected_tokens for _, ch in steps)
+        secs = sum(ch.step_s for _, ch in steps)
+        plain = sum(ch.vanilla_s for _, ch in steps)
+        assert st.predicted_speedup == pytest.approx((tokens / secs) / (len(steps) / plain))
+    with torch.inference_mode():  # a fixed tree: counted, nothing predicted
+        fixed = Engine(target, EagleProposer(head, TreeConfig.chain(2))).generate(reqs[:1])[0].stats
+    assert fixed.tree_rounds == {"chain2": fixed.target_forwards} and fixed.predicted_speedup is None
+
+
+# ------------------------------------------------------------------------------------------- paused state
+class Scripted:
+    """A tree dispatcher that runs a fixed sequence of trees, one per step (the last one repeats)."""
+
+    def __init__(self, script):
+        self.script, self.i = script, 0
+        self.configs = list(dict.fromkeys(script))
+
+    def pick(self, batch_size):
+        cfg = self.script[min(self.i, len(self.script) - 1)]
+        self.i += 1
+        return cfg
+
+
+def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts():
+    """A paused step only records its pair; the catch-up (when drafting resumes, a probe drafts, or the buffer
+    is full) must leave the draft state exactly as encoding the pairs step by step does (max_lag=0): the same
+    trees, token for token, with the same draft probabilities, on ragged rows that join and leave mid-pause."""
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.tree import TreeConfig
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    none, chain3 = TreeConfig.none(), TreeConfig.chain(3)
+    script = ([none] * 10 + [chain3] * 2 + [none] * 3 + [TreeConfig.dynamic(topk=3, depth=3, tree_tokens=8)]
+              + [none] * 9 + [TreeConfig.chain(2)] + [none] * 7 + [chain3])
+    # the second request finishes 3 steps into the first pause and the third takes its row: ragged lags
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(n, ignore_eos=True))
+            for p, n in zip(PROMPTS, (40, 4, 30))]
+    head = make_head(target, "eagle3")
+    runs = []
+    for max_lag in (0, 16, 4):  # encode every step; catch up when drafting resumes; also when 4 pairs wait
+        proposer = EagleProposer(head, Scripted(script), max_lag=max_lag)
+        trees = []
+        orig = proposer.propose
+        proposer.propose = lambda *a, **k: trees.append(orig(*a, **k)) or trees[-1]
+        with torch.inference_mode():
+            done = Engine(target, proposer, max_batch_size=2).generate(reqs)
+        runs.append(([c.token_ids for c in done], trees))
+    (eager_out, eager), *lazy_runs = runs
+    for lazy_out, lazy in lazy_runs:
+        assert lazy_out == eager_out and len(lazy) == len(eager) > len(script)
+        drafted = 0
+        for a, b in zip(eager, lazy):
+            assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+            torch.testing.assert_close(a.draft_logp, b.draft_logp, rtol=0, atol=1e-5)
+            drafted += a.tokens.shape[1] > 1
+        assert drafted >= 5  # drafting resumed after pauses of 10, 3, 9 and 7 steps
+
+
+def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
+    """Adaptive dispatch with a head that is never right: mostly paused (lazy), probing now and then. Greedy
+    tokens equal vanilla's; a seeded sampling run repeats token for token."""
+    import torch
+
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from eaglespec.spec.proposer import EagleProposer
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:3]]
+
+    def run(sampling, proposer):
+        reqs = [Request(p, GenerationConfig(40, sampling, ignore_eos=True)) for p in prompts]
+        with torch.inference_mode():
+            return [c.token_ids for c in Engine(target, proposer, max_batch_size=2).generate(reqs)]
+
+    def spec():
+        return EagleProposer(make_head(target, "eagle3"), AdaptiveDispatcher(flat_costs(batches=(1, 2)),
+                                                                             repick_every=2, probe_every=5))
+
+    greedy = SamplingParams(temperature=0.0)
+    assert run(greedy, spec()) == run(greedy, None)
+    hot = SamplingParams(temperature=1.0, seed=7)
+    first = run(hot, spec())
+    assert run(hot, spec()) == first
+    assert run(SamplingParams(temperature=1.0, seed=8), spec()) != first  # the seed matters

@@ -1,8 +1,9 @@
 """Host reads (GPU syncs) in one decode step, counted on CPU by wrapping the tensor methods that read back.
 
-Budget per step: the one read of the accepted counts and tokens in the engine, nothing else. The engine keeps
-every row's committed length on the host and passes it down (`HostRows`), so no forward's `plan_attention`
-reads the attended length; the proposer re-encodes a number of pairs known from those counts; verification
+Budget per step: the one read of the accepted counts and tokens in the engine, nothing else (a paused step,
+tree `none`, only records its pair for the draft cache's later catch-up). The engine keeps every row's
+committed length on the host and passes it down (`HostRows`), so no forward's `plan_attention` reads the
+attended length; the proposer re-encodes a number of pairs known from those counts; verification
 sizes its outputs from the tree's depth bound (`DraftTree.max_depth`). Only `--draft-alignment last` reads
 more: how many drafted pairs it keeps is data on the device.
 """
@@ -54,7 +55,7 @@ def step_reads(tiny, tree, alignment="stable") -> dict:
     if tree is not None:
         torch.manual_seed(0)
         head = DraftHead.for_target(tiny.model, "eagle1", num_layers=1).eval()
-        cfg = {"chain": TreeConfig.chain(3), "static": TreeConfig.static(EAGLE1_TREE_PATHS),
+        cfg = {"none": TreeConfig.none(), "chain": TreeConfig.chain(3), "static": TreeConfig.static(EAGLE1_TREE_PATHS),
                "dynamic": TreeConfig.dynamic(topk=3, depth=4, tree_tokens=10)}[tree]
         proposer = EagleProposer(head, cfg, alignment=alignment)
     engine = Engine(tiny, proposer, max_batch_size=2)
@@ -67,7 +68,7 @@ def step_reads(tiny, tree, alignment="stable") -> dict:
         return dict(count_reads(engine.step))
 
 
-@pytest.mark.parametrize("tree", [None, "chain", "static", "dynamic"])
+@pytest.mark.parametrize("tree", [None, "none", "chain", "static", "dynamic"])
 def test_a_decode_step_reads_back_only_the_accepted_tokens(tiny, tree):
     assert step_reads(tiny, tree) == {"_step": 1}
 

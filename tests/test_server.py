@@ -25,6 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from eaglespec.cli import encode_prompt
 from eaglespec.config import GenerationConfig, SamplingParams
 from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.costmodel import CostTable
+from eaglespec.spec.dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher, tree_label
 from eaglespec.spec.heads import DraftHead, save_head
 from eaglespec.spec.proposer import ReplayProposer
 from eaglespec.serve.server import ServerConfig, create_app
@@ -101,7 +103,11 @@ def spec_server(tmp_path_factory):
     torch.manual_seed(0)
     head_dir = save_head(DraftHead.for_target(target.model, "eagle3", draft_vocab_size=64),
                          tmp_path_factory.mktemp("head"))
-    proposer = build_proposer(target, DraftOptions(draft=str(head_dir)))
+    # `serve`'s default: the acceptance-aware dispatcher (over hand-made costs here: no calibration in tests)
+    costs = CostTable({(b, n): 0.01 + 0.001 * n * b for b in (1, 4) for n in (1, 2, 4, 8, 16)},
+                      {(b, tree_label(c)): 0.002 * c.num_nodes for b in (1, 4) for c in DEFAULT_CANDIDATES})
+    proposer = build_proposer(target, DraftOptions(draft=str(head_dir)),
+                              dispatcher_factory=lambda *_: AdaptiveDispatcher(costs, repick_every=2, probe_every=3))
     app = create_app(target, proposer, ServerConfig(MODEL, max_batch_size=4, max_queue=32, max_model_len=256))
     with serving(app) as url:
         yield url, app.state.server
@@ -318,9 +324,15 @@ def test_acceptance_metrics_with_a_drafter_that_knows_the_answer(replay_server):
 def test_metrics_parse_and_count(spec_server):
     url, _ = spec_server
     before = metrics(url)
-    complete(client(url), PROMPTS[0], max_tokens=4)
+    complete(client(url), PROMPTS[0], max_tokens=12, extra_body={"ignore_eos": True})
     httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": -1})
     after = metrics(url)
+    # every verification round is counted under the tree the dispatcher chose; its prediction is a gauge
+    rounds = {k: v - before.get(k, 0) for k, v in after.items() if k[0] == "eaglespec_spec_tree_rounds_total"}
+    assert sum(rounds.values()) == 11 == (after[("eaglespec_spec_target_forwards_total", ())]
+                                          - before.get(("eaglespec_spec_target_forwards_total", ()), 0))
+    assert {dict(k[1])["tree"] for k, v in rounds.items() if v} <= {"none", *map(tree_label, DEFAULT_CANDIDATES)}
+    assert after[("eaglespec_spec_predicted_speedup", ())] > 0
     for route, status in (("/v1/completions", "200"), ("/v1/completions", "400")):
         key = ("eaglespec_requests_total", (("route", route), ("status", status)))
         assert after[key] - before.get(key, 0) == 1

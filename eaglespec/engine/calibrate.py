@@ -27,8 +27,8 @@ from eaglespec.spec.costmodel import CostTable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_proposer", "calibrate", "calibration_key",
-           "load_or_calibrate"]
+__all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_proposer", "calibrate", "calibration_for",
+           "calibration_key", "cost_table_text", "load_or_calibrate"]
 
 CALIBRATION_VERSION = 1
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
@@ -61,12 +61,11 @@ def _time(fn, warmup: int = 1, reps: int = 2) -> float:
 
 
 @torch.inference_mode()
-def measure_verify(model, batches: Sequence[int] = BATCHES, tokens: Sequence[int] | None = None,
+def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
                    prefix: int | None = None) -> dict[tuple[int, int], float]:
     """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
     cached tokens (the minimum of 3 timed runs after a warm-up)."""
-    tokens = tokens or VERIFY_TOKENS
-    prefix = prefix or PREFIX
+    batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
     out: dict[tuple[int, int], float] = {}
     dev = model.device
     for b in batches:
@@ -84,13 +83,14 @@ def measure_verify(model, batches: Sequence[int] = BATCHES, tokens: Sequence[int
 
 
 @torch.inference_mode()
-def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] = BATCHES,
+def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
                   steps: int = 4) -> dict[tuple[int, str], float]:
     """Seconds of drafting per step for each candidate (label -> tree config) at each batch size: the engine
     runs ``steps`` decode steps with that tree on a fixed prompt (after a warm-up run) and reports draft_s."""
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
 
+    batches = batches or BATCHES
     out: dict[tuple[int, str], float] = {}
     prompt = list(range(5, 5 + min(PREFIX, 64)))
     measured = sorted({batches[0], batches[-1]})  # drafting grows slowly with batch: interpolate between
@@ -113,7 +113,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     return out
 
 
-def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] = BATCHES,
+def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
               head_id: str = "", precision: str = "float32") -> CostTable:
     t0 = time.perf_counter()
     verify = measure_verify(target.model, batches)
@@ -133,9 +133,11 @@ def _from_json(d: dict) -> CostTable:
 
 
 def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], cache_dir: str | os.PathLike[str],
-                      head_id: str = "", precision: str = "float32", batches: Sequence[int] = BATCHES,
+                      head_id: str = "", precision: str = "float32", batches: Sequence[int] | None = None,
                       recalibrate: bool = False) -> tuple[CostTable, bool]:
-    """(table, measured_now): the cached table for this machine/model/precision/head, else a new one."""
+    """(table, measured_now): the cached table for this machine/model/precision/head, else a new one (batches:
+    default ``BATCHES``)."""
+    batches = tuple(batches or BATCHES)
     key = calibration_key(target.name, precision, head_id, batches, candidates)
     path = Path(cache_dir) / "calibration" / f"{key}.json"
     if path.is_file() and not recalibrate:
@@ -160,26 +162,74 @@ def build_calibrated_proposer(target, opts, dtype=None):
     return build_proposer(target, opts, dtype, dispatcher_factory=adaptive_dispatcher)
 
 
-def adaptive_dispatcher(target, head, head_dir: Path, opts):
-    """The acceptance-aware dispatcher over the default candidates, with this machine's cached calibration
-    (measured now if there is none: tens of seconds on a 2-core CPU)."""
-    import hashlib
+def calibration_candidates(opts) -> list:
+    """The dispatcher's candidate trees for these draft options (draft sampling needs chain/static trees: a
+    dynamic tree's rerank breaks the sampled-children rule)."""
+    from eaglespec.spec.dispatch import DEFAULT_CANDIDATES
 
-    from eaglespec.runtime.loading import cache_root
-    from eaglespec.spec.dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher, tree_label
-    from eaglespec.spec.proposer import EagleProposer
+    return [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
 
-    # draft sampling needs chain/static trees (a dynamic tree's rerank breaks the sampled-children rule)
-    cands = [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
+
+def head_fingerprint(head_dir: Path) -> str:
+    """Names, sizes and modification times of the head's files: another head (or retrained one) is another
+    calibration."""
     files = sorted(Path(head_dir).glob("*.json")) + sorted(Path(head_dir).glob("*.safetensors"))
-    head_id = hashlib.sha256("".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-                             .encode()).hexdigest()[:16]
+    return hashlib.sha256("".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+                          .encode()).hexdigest()[:16]
+
+
+def calibration_for(target, head, head_dir: Path, opts, recalibrate: bool = False) -> tuple[CostTable, bool]:
+    """(this machine's cost table for the target and head, measured_now): cached, measured when missing or
+    when ``recalibrate`` (``eaglespec calibrate --force``)."""
+    from eaglespec.runtime.loading import cache_root
+    from eaglespec.spec.dispatch import tree_label
+    from eaglespec.spec.proposer import EagleProposer
 
     def make(tree):
         return EagleProposer(head, tree, alignment=opts.alignment)
 
+    cands = calibration_candidates(opts)
     costs, measured = load_or_calibrate(target, make, {tree_label(c): c for c in cands}, cache_root(),
-                                        head_id=head_id, precision=getattr(target.model, "precision", "?"))
+                                        head_id=head_fingerprint(head_dir),
+                                        precision=getattr(target.model, "precision", "?"), recalibrate=recalibrate)
     if measured:
         log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())
-    return AdaptiveDispatcher(costs, cands)
+    return costs, measured
+
+
+def adaptive_dispatcher(target, head, head_dir: Path, opts):
+    """The acceptance-aware dispatcher over the default candidates, with this machine's cached calibration
+    (measured now if there is none: tens of seconds on a 2-core CPU)."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs, _ = calibration_for(target, head, head_dir, opts)
+    return AdaptiveDispatcher(costs, calibration_candidates(opts))
+
+
+def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
+    """The table `eaglespec calibrate` prints: verify(b, n) per batch size, then per candidate tree its draft
+    and step cost and the tokens per step it needs to beat plain decoding (step / verify(b, 1))."""
+    from eaglespec.spec.dispatch import tree_label
+
+    batches = sorted({b for b, _ in costs.verify})
+    ns = sorted({n for _, n in costs.verify})
+    lines = [f"machine: {costs.fingerprint}", "",
+             "verify(b, n): ms of one target forward of n tokens per row at batch b",
+             "batch | " + " | ".join(f"n={n:<4d}" for n in ns)]
+    for b in batches:
+        lines.append(f"{b:5d} | " + " | ".join(f"{1e3 * costs.verify[(b, n)]:6.2f}" if (b, n) in costs.verify
+                                                else "     -" for n in ns))
+    lines += ["", "per tree: ms of drafting, of verifying its nodes, of the whole step; break-even = tokens per step "
+              "(accepted + bonus) it needs to beat plain decoding", "batch | tree                 | nodes |  draft | "
+              "verify |   step | break-even"]
+    for b in batches:
+        v1 = costs.verify_cost(b, 1)
+        for c in candidates:
+            label = tree_label(c)
+            draft = costs.draft_cost(b, label)
+            if draft is None:
+                continue
+            verify = costs.verify_cost(b, c.num_nodes)
+            lines.append(f"{b:5d} | {label:<20s} | {c.num_nodes:5d} | {1e3 * draft:6.2f} | {1e3 * verify:6.2f} | "
+                         f"{1e3 * (draft + verify):6.2f} | {(draft + verify) / v1:6.2f}")
+    return "\n".join(lines)

@@ -59,6 +59,10 @@ class Proposer(Protocol):
     def release(self, rows: torch.Tensor) -> None:
         """The sequences in these rows finished: their draft state may be dropped."""
 
+    # Optional, read after each propose() for the sequences' stats (absent = not reported):
+    # step_label: str, the tree drafted (dispatch.tree_label); step_choice: costmodel.Choice | None, the cost
+    # model's prediction for it (adaptive dispatch).
+
 
 @dataclass
 class Request:
@@ -341,9 +345,11 @@ class Engine:
             tree = self.proposer.propose(rows, pending, prefix,
                                          host=HostRows(host_rows, host_lengths, max(host_lengths)))
             hidden_indices = self.proposer.hidden_indices
+            label = getattr(self.proposer, "step_label", None)
+            choice = getattr(self.proposer, "step_choice", None)
         else:
             tree = DraftTree.root_only(pending[:, None])
-            hidden_indices = ()
+            hidden_indices, label, choice = (), None, None
         self._sync()
         t1 = time.perf_counter()
         n = tree.tokens.shape[1]
@@ -380,6 +386,7 @@ class Engine:
         for b, s in enumerate(seqs):
             st = s.stats
             st.record_accepted(n_acc[b])
+            st.record_tree(label, choice)
             st.draft_s += (t1 - t0) + (t3 - t2)
             st.verify_s += t2 - t1
             k = n_acc[b]

@@ -194,6 +194,8 @@ class Output:
     prefill_s: float | None = None
     draft_s: float | None = None
     verify_s: float | None = None
+    dispatch: dict = field(default_factory=dict)
+    """Speculative engine runs: trees chosen and the cost model's prediction (`SequenceStats.dispatch_record`)."""
 
 
 class EngineRunner:
@@ -213,9 +215,11 @@ class EngineRunner:
         done = self.engine.generate([Request(p, c) for p, c in zip(prompts, configs)])
         _sync(self.device)
         wall = time.perf_counter() - t0
+        spec = self.engine.proposer is not None
         return [Output(c.token_ids, c.text, c.finish_reason, c.stats.wall_s, wall, len(prompts),
                        c.stats.target_forwards, list(c.stats.accepted_per_position), c.stats.prefill_s,
-                       c.stats.draft_s, c.stats.verify_s) for c in done]
+                       c.stats.draft_s, c.stats.verify_s, c.stats.dispatch_record() if spec else {})
+                for c in done]
 
 
 def build_hf_model(target, dtype: str, device: str):
@@ -354,6 +358,28 @@ def record_key(rec: dict) -> tuple:
     return tuple(rec[k] for k in KEY_FIELDS)
 
 
+def measured_speedup(rec: dict, vanilla: dict) -> float | None:
+    """tokens/s of a record over tokens/s of vanilla's record of the same prompt, batch size and temperature
+    in the same run (a record's seconds: its group's wall / the group's prompts, as in the report)."""
+    mine, base = rec["batch_wall_s"] / rec["batch_n"], vanilla["batch_wall_s"] / vanilla["batch_n"]
+    if mine <= 0 or base <= 0 or not rec["new_tokens"] or not vanilla["new_tokens"]:
+        return None
+    return round((rec["new_tokens"] / mine) / (vanilla["new_tokens"] / base), 4)
+
+
+def auto_tree(dispatcher, o: Output) -> tuple[str, float, int]:
+    """("auto", mean nodes verified per round, deepest tree) of one sequence under the adaptive dispatcher,
+    from the rounds it ran per tree label."""
+    from eaglespec.spec.dispatch import tree_label
+
+    shapes = {tree_label(c): c for c in dispatcher.configs}
+    rounds = o.dispatch.get("tree_rounds") or {}
+    n = sum(rounds.values())
+    nodes = sum(shapes[k].num_nodes * v for k, v in rounds.items()) / n if n else 1.0
+    depth = max((shapes[k].depth for k in rounds), default=0)
+    return "auto", round(nodes, 3), depth
+
+
 class Bench:
     """Runs the protocol of the module docstring; `run()` returns the records.jsonl path."""
 
@@ -466,10 +492,14 @@ class Bench:
             self.runners[key] = runner
         return self.runners[key]
 
-    def _tree(self, m: Method, runner, batch: int) -> tuple[str, int, int]:
-        """(description, nodes incl. root, depth) of the tree the method verifies at this batch size."""
+    def _tree(self, m: Method, runner, batch: int) -> tuple[str, int | None, int | None]:
+        """(description, nodes incl. root, depth) of the tree the method verifies at this batch size; ("auto",
+        None, None) when the acceptance-aware dispatcher chooses per step (each record says what it chose)."""
         if m.kind == "eagle":
-            c = runner.engine.proposer.dispatcher.pick(batch)
+            d = runner.engine.proposer.dispatcher
+            if hasattr(d, "observe"):
+                return "auto", None, None
+            c = d.pick(batch)
             desc = {"none": "no draft", "chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
                     "dynamic": f"dynamic(topk={c.topk},depth={c.depth},tokens={c.tree_tokens})"}[c.kind]
             return desc, c.num_nodes, c.depth
@@ -548,22 +578,27 @@ class Bench:
             for i in range(0, len(todo), batch):
                 outs = runner.run(prompts[i : i + batch], configs[i : i + batch])
                 for q, p, o in zip(todo[i : i + batch], prompts[i : i + batch], outs):
-                    self._record(q, turn, m, batch, temp, p, o, tree)
+                    shape = tree if tree[1] is not None else auto_tree(runner.engine.proposer.dispatcher, o)
+                    self._record(q, turn, m, batch, temp, p, o, shape)
 
     def _record(self, q, turn: int, m: Method, batch: int, temp: float, prompt: list[int], o: Output,
                 tree: tuple[str, int, int]) -> None:
         cfg = self.cfg
+        out = asdict(o)
         rec = {"dataset": q.dataset, "question_id": q.question_id, "turn": turn, "method": m.name,
                "batch_size": batch, "temperature": temp, "seed": cfg.seed, "category": q.category,
                "method_kind": m.kind, "exact": m.exact, "tree": tree[0], "tree_nodes": tree[1], "tree_depth": tree[2],
                "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "ignore_eos": cfg.ignore_eos,
-               "prompt_tokens": len(prompt), "new_tokens": len(o.token_ids), **asdict(o),
-               "mismatch": None, "first_mismatch": None, "model": self.target.name, "machine": self.machine,
-               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+               "prompt_tokens": len(prompt), "new_tokens": len(o.token_ids), **out, **out.pop("dispatch"),
+               "measured_speedup": None, "mismatch": None, "first_mismatch": None, "model": self.target.name,
+               "machine": self.machine, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        del rec["dispatch"]
         for k in ("wall_s", "batch_wall_s", "prefill_s", "draft_s", "verify_s"):
             if rec[k] is not None:
                 rec[k] = round(rec[k], 6)
         ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))
+        if m.kind != "vanilla" and ref is not None:
+            rec["measured_speedup"] = measured_speedup(rec, ref)
         if temp == 0 and m.exact and ref is not None:
             rec["first_mismatch"] = first_mismatch(o.token_ids, ref["token_ids"])
             rec["mismatch"] = rec["first_mismatch"] is not None

@@ -9,7 +9,10 @@ Metrics (docs/BENCHMARKS.md, "Metrics"), each computed over a group of records b
                 (the first token comes from the prefill, not from a decode step; tau counts the bonus token);
   acceptance(d) fraction of rounds (target forwards) in which the draft token at depth d was accepted;
   time shares   prefill, draft and verify seconds as a share of the sequences' wall time;
-  mismatch      greedy records of a lossless method whose tokens differ from vanilla's for the same prompt.
+  mismatch      greedy records of a lossless method whose tokens differ from vanilla's for the same prompt;
+  predicted     the cost model's speedup for the trees the dispatcher chose (`--tree auto`): sum of predicted
+                tokens per round / sum of predicted step seconds, over calibrated plain tokens/s, pooled over
+                the records; compared with the measured speedup above (docs/DISPATCH.md).
 Cost curve: relative(N) = latency of a forward over N tokens / over 1 token at the same batch size, and the
 bound speedup <= tau / (relative(N) + draft seconds per round / verify(1) seconds).
 """
@@ -220,6 +223,47 @@ def every_batch_prompts(records: Records) -> tuple[list[dict], str]:
         return list(records), f"all {len(seen)} prompts (none ran at every batch size: unequal work per batch size)"
     return [r for r in records if (r["dataset"], r["question_id"], r["turn"]) in keep], \
         f"the {len(keep)} prompts run at every batch size"
+
+
+def dispatch_table(records: Records) -> list[str]:
+    """Per dataset, temperature, batch size and method that ran the acceptance-aware dispatcher: the trees it
+    chose, its predicted speedup against the measured one on the same prompts, and where they part (tokens
+    per round: predicted vs tau; step and plain-step milliseconds: calibrated vs measured)."""
+    lines = []
+    for (ds, temp, batch), rs in sorted(_groups(records, "dataset", "temperature", "batch_size").items()):
+        vanilla = [r for r in rs if r["method"] == "vanilla"]
+        ref = {pair_key(r) for r in vanilla}
+        for m in _methods(rs):
+            mr = [r for r in rs if r["method"] == m and r.get("predicted_rounds") and pair_key(r) in ref]
+            if not mr:
+                continue
+            vr = [r for r in vanilla if pair_key(r) in {pair_key(x) for x in mr}]
+            st = SequenceStats.pooled(SequenceStats.from_record(r) for r in mr)
+            plain = SequenceStats.pooled(SequenceStats.from_record(r) for r in vr)
+            pred, meas = st.predicted_speedup, speedup(mr, vr)
+            ratio = pred / meas if pred and meas else None
+            rounds = sum(st.tree_rounds.values())
+            trees = ", ".join(f"{k} {100 * v / rounds:.0f}%" for k, v in
+                              sorted(st.tree_rounds.items(), key=lambda kv: -kv[1]))
+            ms = (lambda x: 1e3 * (x.draft_s + x.verify_s) / x.target_forwards if x.verify_s else None)
+            if not lines:
+                lines += ["## Dispatcher: predicted vs measured", "",
+                          ("`--tree auto` records: trees by share of verification rounds; predicted speedup (cost "
+                           "model, pooled over the rounds) vs measured (tokens/s over vanilla's on the same "
+                           "prompts); within 15% = |predicted / measured - 1| <= 0.15. Where they part: tokens per "
+                           "round predicted vs measured (tau), step ms predicted vs measured, plain step ms "
+                           "calibrated vs measured (vanilla)."), "",
+                          "| dataset | T | batch | method | records | trees | predicted | measured | predicted / "
+                          "measured | within 15% | tokens/round pred. / tau | step ms pred. / meas. | plain step ms "
+                          "cal. / meas. |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {ds} | {temp:g} | {batch} | {m} | {len(mr)} | {trees} | {_fmt(pred, '.2f', 'x')} | "
+                f"{_fmt(meas, '.2f', 'x')} | {_fmt(ratio, '.2f')} | "
+                f"{'-' if ratio is None else 'yes' if abs(ratio - 1) <= 0.15 else '**no**'} | "
+                f"{st.predicted_tokens / st.predicted_rounds:.2f} / {_fmt(tau(mr))} | "
+                f"{1e3 * st.predicted_s / st.predicted_rounds:.2f} / {_fmt(ms(st), '.2f')} | "
+                f"{1e3 * st.predicted_vanilla_s / st.predicted_rounds:.2f} / {_fmt(ms(plain), '.2f')} |")
+    return lines + [""] if lines else []
 
 
 def batch_table(records: Records) -> list[str]:
@@ -626,8 +670,8 @@ def write_report(out_dir: Path, plots: bool = True) -> Path:
         lines += ["", "Greedy outputs of every lossless method equal vanilla's (no mismatch)."]
     lines.append("")
     if records:
-        lines += [*summary_table(records), "## Results per dataset", "", *dataset_tables(records),
-                  *batch_table(records)]
+        lines += [*summary_table(records), *dispatch_table(records), "## Results per dataset", "",
+                  *dataset_tables(records), *batch_table(records)]
     if curve:
         lines += ["## Cost curve", "", "```", cost_curve_summary(out_dir), "```", "", *bound_table(records, curve)]
     if plots:

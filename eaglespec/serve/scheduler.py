@@ -95,6 +95,14 @@ class ServerMetrics:
         self.accepted = Counter("eaglespec_spec_accepted_per_position", "Verification rounds in which the draft "
                                 "token at this depth was accepted (divide by spec_target_forwards for the rate)",
                                 ["position"], registry=r)
+        self.tree_rounds = Counter("eaglespec_spec_tree_rounds", "Verification rounds of finished speculative "
+                                   "requests by the tree drafted (none = a plain step while the dispatcher paused "
+                                   "drafting)", ["tree"], registry=r)
+        self.predicted_speedup = Gauge(
+            "eaglespec_spec_predicted_speedup", "Speedup over plain decoding that the cost model predicted for the "
+            "trees the dispatcher chose, pooled over finished speculative requests (predicted tokens/s over "
+            "calibrated plain tokens/s; measuring it needs a plain run of the same prompts: eaglespec bench)",
+            registry=r)
         self.ttft = Histogram("eaglespec_time_to_first_token_seconds", "Request arrival to its first token",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("eaglespec_inter_token_latency_seconds", "Per output token after the first: the gap "
@@ -126,6 +134,10 @@ class ServerMetrics:
         self.tau.set(self._spec.tau)
         for d, count in enumerate(st.accepted_per_position, 1):
             self.accepted.labels(str(d)).inc(count)
+        for label, rounds in st.tree_rounds.items():
+            self.tree_rounds.labels(label).inc(rounds)
+        if self._spec.predicted_speedup is not None:
+            self.predicted_speedup.set(self._spec.predicted_speedup)
 
 
 class Scheduler:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["AcceptanceTracker", "CostTable", "Choice", "chain_expected_tokens", "choose", "predicted_speedup"]
+__all__ = ["AcceptanceTracker", "CostTable", "Choice", "chain_expected_tokens", "choose", "predicted_speedup", "score"]
 
 
 def chain_expected_tokens(accept: Sequence[float], depth: int) -> float:
@@ -119,10 +119,20 @@ class AcceptanceTracker:
 
 @dataclass(frozen=True)
 class Choice:
+    """A tree shape and what the cost model predicts for one step of it at one batch size."""
+
     label: str
     predicted_speedup: float
+    """E[tokens] * verify(b, 1) / step_s: tokens/s over plain decoding's, both from the calibrated costs."""
     expected_tokens: float
+    """Tokens committed per row and step (accepted draft tokens + the bonus token); 1 for ``none``."""
     step_s: float
+    """Predicted seconds of the step: draft(b, s) + verify(b, nodes(s)); verify(b, 1) for ``none``."""
+
+    @property
+    def vanilla_s(self) -> float:
+        """The calibrated seconds of a plain decoding step at the same batch size, verify(b, 1)."""
+        return self.predicted_speedup * self.step_s / self.expected_tokens
 
 
 def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expected_tokens: float) -> float | None:
@@ -135,19 +145,25 @@ def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expe
     return expected_tokens * costs.verify_cost(batch, 1) / (draft + costs.verify_cost(batch, nodes))
 
 
+def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, tracker: AcceptanceTracker
+          ) -> Choice | None:
+    """The prediction for one shape (``none``: speedup 1); None when its draft cost is unmeasured."""
+    if label == "none":
+        return Choice("none", 1.0, 1.0, costs.verify_cost(batch, 1))
+    e = tracker.expected_tokens(label, depth)
+    s = predicted_speedup(costs, batch, label, nodes, e)
+    if s is None:
+        return None
+    return Choice(label, s, e, costs.draft_cost(batch, label) + costs.verify_cost(batch, nodes))
+
+
 def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int]], tracker: AcceptanceTracker,
            margin: float = 1.0) -> Choice:
     """The candidate (label -> (nodes, depth)) with the best predicted speedup; ``none`` unless something
     beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise)."""
-    best = Choice("none", 1.0, 1.0, costs.verify_cost(batch, 1))
+    best = score(costs, batch, "none", 1, 0, tracker)
     for label, (nodes, depth) in candidates.items():
-        if label == "none":
-            continue
-        e = tracker.expected_tokens(label, depth)
-        s = predicted_speedup(costs, batch, label, nodes, e)
-        if s is None:
-            continue
-        step = (costs.draft_cost(batch, label) or 0.0) + costs.verify_cost(batch, nodes)
-        if s > best.predicted_speedup * (margin if best.label == "none" else 1.0):
-            best = Choice(label, s, e, step)
+        c = None if label == "none" else score(costs, batch, label, nodes, depth, tracker)
+        if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == "none" else 1.0):
+            best = c
     return best

@@ -5,17 +5,20 @@ per-request acceptance (``costmodel.py`` has the formulas).
   earlier requests showed about this head) and updated after every verification of that row.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size.
-* A batch that stopped drafting (choice ``none``) keeps its draft cache in sync and probes: every
-  ``probe_every`` steps it drafts the cheapest candidate once, so acceptance that recovers is seen again.
-* ``last`` holds the latest ``costmodel.Choice`` (label, predicted speedup, expected tokens, step seconds):
-  the engine's stats, ``--json``, bench records and the server's metrics report it.
+* A batch that stopped drafting (choice ``none``) probes: every ``probe_every`` steps it drafts the cheapest
+  candidate once, so acceptance that recovers is seen again. (The proposer records the pairs of paused steps
+  and catches its draft cache up in one forward when drafting resumes: ``proposer.py``.)
+* ``last`` holds the latest choice (a ``costmodel.Choice``: label, predicted speedup, expected tokens, step
+  seconds); ``step`` the prediction for the tree the latest ``pick`` returned (a probe's own, while paused).
+  The proposer hands ``step`` to the engine, whose per-sequence stats count the trees and add up the
+  predictions (``--json``, bench records and report, the server's metrics).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from eaglespec.spec.costmodel import AcceptanceTracker, Choice, CostTable, choose
+from eaglespec.spec.costmodel import AcceptanceTracker, Choice, CostTable, choose, score
 from eaglespec.spec.tree import TreeConfig
 
 __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES", "tree_label"]
@@ -32,7 +35,7 @@ def tree_label(cfg: TreeConfig) -> str:
 
 
 def _depth(cfg: TreeConfig) -> int:
-    return 0 if cfg.kind == "none" else cfg.shape.max_depth if cfg.kind == "static" else cfg.depth
+    return cfg.depth  # 0 for none; static configs derive it from their paths
 
 
 DEFAULT_CANDIDATES: tuple[TreeConfig, ...] = (
@@ -56,6 +59,7 @@ class AdaptiveDispatcher:
         self.rows: dict[int, AcceptanceTracker] = {}
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.last: Choice | None = None
+        self.step: Choice | None = None
         self._current: TreeConfig = self.none
         self._steps = 0
         self._since_draft = 0
@@ -102,18 +106,21 @@ class AdaptiveDispatcher:
         return AcceptanceTracker(1.0, tuple(rates), 1.0, shape_tokens=shapes)
 
     def pick(self, batch_size: int, rows: Sequence[int] | None = None) -> TreeConfig:
+        rows = rows if rows is not None else list(self.rows)
         if self._steps % self.repick_every == 0 or self.last is None:
-            tracker = self._batch_tracker(rows if rows is not None else list(self.rows))
+            tracker = self._batch_tracker(rows)
             cands = {label: (c.num_nodes, _depth(c)) for label, c in self.candidates.items()}
             self.last = choose(self.costs, batch_size, cands, tracker, self.margin)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
-        cfg = self._current
+        cfg, self.step = self._current, self.last
         if cfg.kind == "none":
             self._since_draft += 1
             if self._since_draft >= self.probe_every and self.candidates:
                 self._since_draft = 0
-                return min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
+                cfg = min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
+                self.step = score(self.costs, batch_size, tree_label(cfg), cfg.num_nodes, _depth(cfg),
+                                  self._batch_tracker(rows)) or self.last
         else:
             self._since_draft = 0
         return cfg

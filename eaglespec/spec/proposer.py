@@ -13,6 +13,13 @@ bonus token b, the new committed pairs are (f_root, a_1), (f_a1, a_2), ..., (f_a
 - "last" (Meta): keep the K/V that drafting already computed (from predicted features) for accepted nodes
   that were expanded, compacted into place, and re-encode only the remaining suffix with true features
   (usually the last accepted token and the bonus pair).
+
+Paused drafting (a ``none`` tree: the dispatcher found that no tree pays) is lazy: a plain step commits one
+pair (f_root, bonus) per row, which is only recorded (feature and token, in a buffer of ``max_lag`` pairs per
+row); the draft cache catches up in ONE batched head forward over the recorded pairs when drafting resumes
+(or a probe drafts, or the buffer is full). A paused step therefore costs the target forward alone, and the
+catch-up computes exactly what encoding the pairs one step at a time would have (same pairs, same positions,
+causal attention), in one forward instead of one per step.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import torch
 from torch import Tensor
 
 from eaglespec.runtime.kvcache import HostRows
+from eaglespec.spec.costmodel import Choice
+from eaglespec.spec.dispatch import tree_label
 from eaglespec.spec.heads import DraftHead
 from eaglespec.spec.tree import (
     DraftTree,
@@ -50,7 +59,7 @@ class EagleProposer:
     """Drafts trees with an EAGLE head; the tree shape per step comes from a dispatcher keyed by batch size."""
 
     def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeConfig, alignment: Alignment = "stable",
-                 draft_temperature: float = 0.0, seed: int | None = None):
+                 draft_temperature: float = 0.0, seed: int | None = None, max_lag: int = 16):
         """draft_temperature: 0 = children are the draft's top-k tokens (valid at any target temperature);
         > 0 = children are SAMPLED without replacement from softmax(draft logits / draft_temperature) and
         verified with the sampled-children rule (chain and static trees only: a dynamic tree's rerank may
@@ -59,7 +68,12 @@ class EagleProposer:
         Draft sampling draws from one generator per cache row, seeded at `prefill` from the request's seed
         (the engine passes them), so a row's drafts do not depend on the other rows of its batch. `seed`
         (server/CLI `--seed`) is mixed into every row's seed; rows whose prefill gives none use `seed + row`
-        (random when None)."""
+        (random when None).
+
+        max_lag: pairs of paused (``none``) steps recorded per row before the draft cache catches up
+        (module docstring); 0 = encode each one at its step (no buffer)."""
+        if max_lag < 0:
+            raise ValueError(f"max_lag must be >= 0, got {max_lag}")
         if alignment not in ("stable", "last"):
             raise ValueError(f"alignment must be 'stable' or 'last', got {alignment!r}")
         self.head = head
@@ -84,17 +98,29 @@ class EagleProposer:
         self._drafted: _Drafted | None = None
         self._host: HostRows | None = None  # of the current propose()
         self._static_masks: dict = {}
+        self.max_lag = max_lag
+        self._lag_feat: Tensor | None = None  # [max_batch, max_lag, F] target features of paused pairs
+        self._lag_tok: Tensor | None = None  # int64 [max_batch, max_lag] their tokens (the bonus of each step)
+        self._lag_n: Tensor | None = None  # int64 [max_batch] recorded pairs per row
+        self._lag_bound = 0  # host-side bound of _lag_n over the active rows: paused steps since the catch-up
+        self.step_label: str | None = None  # the tree of the latest propose() (dispatch.tree_label)
+        self.step_choice: Choice | None = None  # the cost model's prediction for it (adaptive dispatch only)
 
     # ------------------------------------------------------------------------------- engine protocol
 
     def reserve(self, max_batch: int, max_len: int) -> None:
         self.cache = None
-        self.cache = self.head.new_cache(max_batch, max_len + self._draft_slack)
+        # + max_lag: a catch-up writes the bound of every row's lag, past the shorter lags' ends
+        self.cache = self.head.new_cache(max_batch, max_len + self._draft_slack + self.max_lag)
         self.last_h = torch.zeros(max_batch, self.head.config.hidden_size, dtype=self.head.dtype,
                                   device=self.head.device)
+        self._lag_feat = self._lag_tok = None  # allocated by the first paused step
+        self._lag_n = torch.zeros(max_batch, dtype=torch.long, device=self.head.device)
+        self._lag_bound = 0
 
     def release(self, rows: Tensor) -> None:
         self.cache.reset(rows)
+        self._lag_n[rows] = 0
         if self._generators:
             for r in rows.tolist():
                 self._generators.pop(r, None)
@@ -136,12 +162,17 @@ class EagleProposer:
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
+        self.step_label = tree_label(cfg)
+        self.step_choice = getattr(self.dispatcher, "step", None)
         # Each row draws its sampled drafts from its own generator.
         if self.draft_temperature > 0:
             ids = row_ids if row_ids is not None else rows.tolist()
             self._step_generators = [self._generators[r] for r in ids]
         else:
             self._step_generators = None
+        # The engine drafts for all its active rows every step, so the bound covers every row that lags.
+        if self._lag_bound and (cfg.kind != "none" or self._lag_bound >= self.max_lag):
+            self._catch_up(rows)
         # A chain is the static tree of one path: both draft level by level through `_draft_static`.
         draft = {"chain": self._draft_static, "static": self._draft_static, "dynamic": self._draft_dynamic,
                  "none": self._draft_none}
@@ -159,6 +190,9 @@ class EagleProposer:
         host_k = n_accepted if n_accepted is not None else verdict.n_accepted.tolist()
         if hasattr(self.dispatcher, "observe"):
             self.dispatcher.observe(list(d.host.rows) if d.host else rows.tolist(), self._cfg, host_k)
+        if self._cfg.kind == "none" and self.max_lag > 0:
+            self._record_paused(rows, verdict.bonus, out)
+            return
         B, D1 = verdict.path.shape  # path [B, D+1]: root first, -1 padded
         k = verdict.n_accepted  # [B]
         path = verdict.path.clamp(min=0)
@@ -187,6 +221,42 @@ class EagleProposer:
         o = self.head(self.head.fuse(f), toks, positions, self.cache, rows=rows, host=host)  # [B, T, H]
         self.cache.advance(rows, n_new)
         self.last_h[rows] = o.gather(1, (n_new - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+
+    # ------------------------------------------------------------------------------------ paused steps
+
+    def covered_lengths(self, rows: Tensor) -> Tensor:
+        """int64 [B]: committed tokens the draft state of each row covers, encoded in the draft cache or
+        recorded for the catch-up; equals the target cache's lengths after every step."""
+        return self.cache.lengths[rows] + self._lag_n[rows]
+
+    def _record_paused(self, rows: Tensor, bonus: Tensor, out) -> None:
+        """A plain step's pair per row, (f_root, bonus) at the row's next draft position, recorded for the
+        catch-up instead of encoded (rows [B], bonus [B]; ``out`` over the one-node trees)."""
+        f = self.head.target_feature(out)[:, 0].to(self.head.dtype)  # [B, F]
+        if self._lag_feat is None:
+            n = self._lag_n.shape[0]
+            self._lag_feat = torch.zeros(n, self.max_lag, f.shape[-1], dtype=f.dtype, device=f.device)
+            self._lag_tok = torch.zeros(n, self.max_lag, dtype=torch.long, device=f.device)
+        slot = self._lag_n[rows]  # [B] < max_lag: propose() caught up when the bound reached it
+        self._lag_feat[rows, slot] = f
+        self._lag_tok[rows, slot] = bonus
+        self._lag_n[rows] = slot + 1
+        self._lag_bound += 1
+
+    def _catch_up(self, rows: Tensor) -> None:
+        """Encode every row's recorded pairs in one head forward: pair j of a row sits at its draft length + j
+        (= the position of its feature); rows with fewer pairs than the bound are padded (slots written past
+        their length are never attended and get overwritten)."""
+        T = self._lag_bound
+        n = self._lag_n[rows]  # [B]
+        positions = self.cache.lengths[rows][:, None] + torch.arange(T, device=rows.device)[None, :]  # [B, T]
+        o = self.head(self.head.fuse(self._lag_feat[rows, :T]), self._lag_tok[rows, :T], positions, self.cache,
+                      rows=rows)  # [B, T, H]
+        self.cache.advance(rows, n)
+        last = o.gather(1, (n - 1).clamp(min=0)[:, None, None].expand(-1, 1, o.shape[-1]))[:, 0]  # [B, H]
+        self.last_h[rows] = torch.where((n > 0)[:, None], last, self.last_h[rows])
+        self._lag_n[rows] = 0
+        self._lag_bound = 0
 
     # ------------------------------------------------------------------------------------ drafting
 
@@ -225,7 +295,8 @@ class EagleProposer:
         return self.head(parent_h, tokens, positions, self.cache, rows=rows, block_mask=mask, host=host)
 
     def _draft_none(self, cfg: TreeConfig, rows, pending, prefix):
-        """No draft tokens: the target decodes one token; commit() still encodes the (feature, token) pair."""
+        """No draft tokens: the target decodes one token; commit() records the (feature, token) pair for the
+        catch-up (encodes it at once with max_lag 0)."""
         node_slot = torch.full((rows.numel(), 1), -1, dtype=torch.long, device=rows.device)
         return DraftTree.root_only(pending), node_slot
 
@@ -310,6 +381,8 @@ class ReplayProposer:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
         self.max_tree_nodes = depth + 1
+        self.step_label = f"chain{depth}"
+        self.step_choice = None
         self.continuations = {tuple(k): list(v) for k, v in continuations.items()}
         self._rows: dict[int, tuple[list[int], int]] = {}  # row -> (continuation, prompt length)
 
