@@ -254,8 +254,21 @@ class Interop:
 
         return converted_dir(self.target.source.path)
 
+    def _settings(self) -> dict:
+        return {"head": str(self.cfg.head), "eagle1_head": self.cfg.eagle1_head, "dataset": self.cfg.dataset,
+                "prompts": len(self.ours.prompts), "max_new_tokens": self.cfg.max_new_tokens,
+                "draft_tokens": self.cfg.draft_tokens}
+
     def run(self) -> Path:
+        """Check each consumer; results of other consumers already in OUT/interop.json from a run with the
+        same settings are kept (so consumers can be checked one at a time into one report)."""
         self.out.mkdir(parents=True, exist_ok=True)
+        old = self.out / "interop.json"
+        if old.is_file():
+            previous = json.loads(old.read_text())
+            same = [k for k in self._settings() if k != "eagle1_head"]
+            if all(previous.get(k) == self._settings()[k] for k in same):
+                self.results = {k: v for k, v in previous.get("consumers", {}).items() if k not in self.cfg.consumers}
         checks = {"vllm": self.check_vllm, "speculators": self.check_speculators,
                   "specforge": self.check_specforge, "llama.cpp": self.check_llamacpp}
         for name in self.cfg.consumers:
@@ -273,11 +286,11 @@ class Interop:
     def _write(self) -> None:
         from eaglespec.measure.bench import machine_facts
 
-        info = {"head": str(self.cfg.head), "eagle1_head": self.cfg.eagle1_head,
-                "dataset": self.cfg.dataset, "prompts": len(self.ours.prompts),
-                "max_new_tokens": self.cfg.max_new_tokens, "draft_tokens": self.cfg.draft_tokens,
-                "machine": machine_facts("cpu", "float32") | {"cpu_threads_consumers": self.cfg.threads},
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "consumers": self.results}
+        order = {c: i for i, c in enumerate(CONSUMERS)}
+        self.results = dict(sorted(self.results.items(), key=lambda kv: order[kv[0]]))
+        info = self._settings() | {
+            "machine": machine_facts("cpu", "float32") | {"cpu_threads_consumers": self.cfg.threads},
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "consumers": self.results}
         (self.out / "interop.json").write_text(json.dumps(info, indent=2) + "\n")
         (self.out / "summary.md").write_text(summary_markdown(info))
 
@@ -426,7 +439,8 @@ def summary_markdown(info: dict) -> str:
     """The README table: consumer, version, loaded, acceptance ours vs theirs, greedy agreement."""
     m = info["machine"]
     lines = [f"Interop check: {info['prompts']} MT-bench first turns, {info['max_new_tokens']} new tokens, greedy, "
-             f"float32; {m['cpu']} ({m['cores']} cores), torch {m['torch']}; head `{info['head']}`.", "",
+             f"float32; {m['cpu']} ({m['cores']} cores), torch {m['torch']}; head `{Path(info['head']).name}`"
+             + (f", EAGLE-1 head `{Path(info['eagle1_head']).name}`" if info.get("eagle1_head") else "") + ".", "",
              "| consumer | version | loaded | acceptance: ours vs theirs | greedy text vs our vanilla | notes |",
              "|---|---|---|---|---|---|"]
     for name, r in info["consumers"].items():
