@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglespec.measure import interop
+from eaglespec.measure import interop, peers
 from eaglespec.runtime.model import ModelArgs, Transformer
 from eaglespec.spec import layouts
 from eaglespec.spec.heads import DraftHead, load_head, save_head
@@ -153,20 +153,20 @@ def test_specforge_export_refuses_an_embedding_tap(target, tmp_path):
 # ============================================================================================ the check itself
 def test_probes_never_import_eaglespec():
     """They run inside the consumers' venvs, where eaglespec is not installed."""
-    for path in interop.PROBES.glob("*_probe.py"):
+    for path in peers.PROBES.glob("*_probe.py"):
         tree = ast.parse(path.read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not any(name.split(".")[0] == "eaglespec" for name in names), path.name
-    assert {p.name for p in interop.PROBES.glob("*_probe.py")} >= {"vllm_probe.py", "speculators_probe.py",
+    assert {p.name for p in peers.PROBES.glob("*_probe.py")} >= {"vllm_probe.py", "speculators_probe.py",
                                                                    "specforge_probe.py"}
 
 
 def test_missing_consumer_names_the_install_command(tmp_path):
-    with pytest.raises(interop.InteropError, match="is not installed.*scripts/interop.sh --setup"):
-        interop.consumer_python(tmp_path, "vllm")
-    with pytest.raises(interop.InteropError, match="unknown consumer 'tgi'"):
-        interop.consumer_python(tmp_path, "tgi")
+    with pytest.raises(peers.PeerError, match="is not installed.*scripts/interop.sh --setup"):
+        peers.consumer_python(tmp_path, "vllm")
+    with pytest.raises(peers.PeerError, match="unknown consumer 'tgi'"):
+        peers.consumer_python(tmp_path, "tgi")
 
 
 def test_compare_generation_counts_agreement_and_acceptance():

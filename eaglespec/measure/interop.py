@@ -25,9 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -39,54 +36,13 @@ import torch
 
 log = logging.getLogger("eaglespec")
 
+from eaglespec.measure.peers import PeerError, consumer_python, default_venvs, run_probe
+
 CONSUMERS = ("vllm", "speculators", "specforge", "llama.cpp")
-VENV_NAMES = {"vllm": "vllm", "speculators": "speculators", "specforge": "specforge", "llama.cpp": "llamacpp"}
-PROBES = Path(__file__).resolve().parent / "consumers"
-SETUP_HINT = "bash scripts/interop.sh --setup"
 
 
-class InteropError(ValueError):
-    """A consumer could not be run or refused the head (the message names the consumer and the step)."""
-
-
-def default_venvs() -> Path:
-    """``$EAGLESPEC_INTEROP_VENVS``, else ``~/.cache/eaglespec/interop`` (one venv per consumer inside)."""
-    return Path(os.environ.get("EAGLESPEC_INTEROP_VENVS") or Path.home() / ".cache" / "eaglespec" / "interop")
-
-
-def consumer_python(venvs: Path, consumer: str) -> Path:
-    """The python of ``consumer``'s venv, or InteropError saying how to install it."""
-    if consumer not in VENV_NAMES:
-        raise InteropError(f"unknown consumer {consumer!r}: choose from {', '.join(CONSUMERS)}")
-    python = venvs / VENV_NAMES[consumer] / "bin" / "python"
-    if not python.is_file():
-        raise InteropError(f"{consumer} is not installed: no {python} (install it with {SETUP_HINT})")
-    return python
-
-
-def run_probe(python: Path, script: str, request: dict, work: Path, env: dict | None = None,
-              timeout_s: float = 1800) -> dict:
-    """Run ``consumers/SCRIPT`` with ``python`` on ``request``; return its JSON result. The probe's output
-    goes to ``work/SCRIPT.log``; a failure raises InteropError with the log's last lines."""
-    work = work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    stem = Path(script).stem + request.get("tag", "")
-    req_path, res_path, log_path = work / f"{stem}.request.json", work / f"{stem}.result.json", work / f"{stem}.log"
-    req_path.write_text(json.dumps(request))
-    res_path.unlink(missing_ok=True)
-    # a probe must see its own venv only: no eaglespec on the path, no caller's PYTHONPATH
-    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | (env or {})
-    with log_path.open("w") as sink:
-        try:
-            proc = subprocess.run([str(python), str(PROBES / script), str(req_path), str(res_path)],
-                                  stdout=sink, stderr=subprocess.STDOUT, env=full_env, timeout=timeout_s,
-                                  cwd=work)
-        except subprocess.TimeoutExpired:
-            raise InteropError(f"{script} ran past {timeout_s:.0f} s (log: {log_path})") from None
-    if proc.returncode != 0 or not res_path.is_file():
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-        raise InteropError(f"{script} failed (exit {proc.returncode}; log: {log_path}):\n{tail}")
-    return json.loads(res_path.read_text())
+class InteropError(PeerError):
+    """A bad interop request, or a consumer that could not be run or refused the head."""
 
 
 # ============================================================================================ our side
@@ -275,7 +231,7 @@ class Interop:
             t0 = time.perf_counter()
             try:
                 self.results[name] = checks[name]() | {"status": "checked"}
-            except InteropError as e:
+            except PeerError as e:
                 skipped = "is not installed" in str(e)
                 log.warning("%s: %s", name, e)
                 self.results[name] = {"status": "skipped" if skipped else "failed", "error": str(e)}
@@ -396,7 +352,8 @@ class Interop:
         python = consumer_python(self.venvs, "llama.cpp")
         converter = self.venvs / "llamacpp-src" / "convert_hf_to_gguf.py"
         if not converter.is_file():
-            raise InteropError(f"llama.cpp is not installed: no converter at {converter} (install it with {SETUP_HINT})")
+            raise InteropError(f"llama.cpp is not installed: no converter at {converter} "
+                               f"(install it with bash scripts/interop.sh --setup)")
         tok = self.target.tokenizer
         req = {"head_dir": str(Path(self.cfg.head).resolve()), "target_dir": str(self.target_dir),
                "target_gguf": str(self.target.source.path), "converter": str(converter),
