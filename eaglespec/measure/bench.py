@@ -368,11 +368,11 @@ class LlamaCppEagleRunner:
 
         cfg = configs[0]
         s = cfg.sampling
+        prompt = self.tokenizer.decode(prompts[0], skip_special_tokens=False)
         cmd = [str(self.binary), "-m", str(self.target_gguf), "-md", str(self.head_gguf), "--spec-type",
                "draft-eagle3", "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min",
-               "0", "-p", self.tokenizer.decode(prompts[0], skip_special_tokens=False), "-n", str(cfg.max_new_tokens),
-               "--temp", str(s.temperature), "--top-p", str(s.top_p), "--seed", str(s.seed or 0), "-t",
-               str(self.threads), "-c", str(self.max_len), "--no-warmup", "--no-display-prompt"]
+               "0", "-p", prompt, "-n", str(cfg.max_new_tokens), "--temp", str(s.temperature), "--top-p",
+               str(s.top_p), "--seed", str(s.seed or 0), "-t", str(self.threads), "-c", str(self.max_len)]
         if cfg.ignore_eos:
             cmd.append("--ignore-eos")
         t0 = time.perf_counter()
@@ -381,7 +381,8 @@ class LlamaCppEagleRunner:
         if proc.returncode != 0:
             raise PeerError(f"llama-speculative-simple failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
         stats = parse_llamacpp_log(proc.stderr)
-        text = proc.stdout
+        at = proc.stdout.find(prompt)  # it prints the prompt, then the new text
+        text = (proc.stdout[at + len(prompt):] if at >= 0 else proc.stdout).rstrip("\n")
         toks = self.tokenizer.encode(text, add_special_tokens=False)[: cfg.max_new_tokens]
         wall = stats["decode_s"] or wall
         rounds = stats["drafted"] // self.k if self.k else None

