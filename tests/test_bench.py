@@ -345,3 +345,22 @@ def test_diagnose_cli(model_dir, head_dir, questions, tmp_path, capsys):
     assert set(d["tau_by_category"]) == {"writing", "coding"} and d["verdict"]
     assert all(-1 <= s["cos_target"] <= 1 and 0 <= s["top1"] <= 1 for s in d["steps"])
     assert "verdict:" in printed and "retrain" in printed  # a random head must be told to retrain
+
+
+def test_peer_arms_parse_and_are_skipped_with_the_install_command(model_dir, questions, tmp_path, monkeypatch):
+    ms = {m.name: m for m in bench.parse_methods(["vllm,vllm-eagle,vllm-eagle:1,llama.cpp-eagle:2"])}
+    assert (ms["vllm-eagle"].kind, ms["vllm-eagle"].k) == ("vllm-eagle", bench.PEER_DRAFT_TOKENS)
+    assert ms["vllm-eagle:1"].k == 1 and ms["llama.cpp-eagle:2"].k == 2
+    assert ms["vllm"].exact and ms["vllm-eagle"].exact  # same float32 weights, lossless: checked against vanilla
+    assert not ms["llama.cpp-eagle:2"].exact  # its target is the quantized GGUF
+    for bad in ("vllm:2", "vllm-eagle:0", "llama.cpp-eagle:x"):
+        with pytest.raises(bench.BenchError):
+            bench.parse_methods([bad])
+    monkeypatch.setenv("EAGLESPEC_INTEROP_VENVS", str(tmp_path / "no-venvs"))
+    out = tmp_path / "b"
+    assert main(bench_argv(model_dir, questions, out, "--methods", "vanilla,vllm,vllm-eagle,llama.cpp-eagle",
+                           "--max-turns", "1", "--no-report")) == 0
+    assert {r["method"] for r in bench.read_records(out / "records.jsonl")} == {"vanilla"}
+    skipped = json.loads((out / "run.json").read_text())["skipped"]
+    assert set(skipped) == {"vllm", "vllm-eagle", "llama.cpp-eagle"}
+    assert all("is not installed" in why and "scripts/interop.sh --setup" in why for why in skipped.values())

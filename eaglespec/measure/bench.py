@@ -29,6 +29,12 @@ Methods (`--methods`, comma separated; options of an `eagle:` method may contain
   hf                      transformers generate() on the same weights and precision
   hf-prompt-lookup[:N]    transformers prompt-lookup decoding, N draft tokens (default 10); batch 1 only
   llama.cpp               llama-cpp-python on the default GGUF (skipped when it is not installed)
+  vllm                    vLLM's CPU build on the same float32 weights, in its own venv (peers.py)
+  vllm-eagle[:K]          vLLM with our EAGLE-3 head as its speculator, K draft tokens per round (default 3)
+  llama.cpp-eagle[:K]     llama.cpp's EAGLE-3 drafting (llama-speculative-simple) with our head converted by
+                          its own converter, on the default GGUF; batch 1 (default K 3)
+                          The peer arms run in the venvs `scripts/interop.sh --setup` creates and are
+                          skipped with the reason when those are missing (docs/INTEROP.md).
   replay:K                a drafter that replays vanilla's tokens in chains of K: the engine's speculative
                           overhead with zero draft cost (needs vanilla)
 
@@ -71,19 +77,21 @@ class Method:
     name: str
     """Canonical text, as written in the records."""
     kind: str
-    """vanilla, eagle, hf, hf-prompt-lookup, llama.cpp or replay."""
+    """vanilla, eagle, hf, hf-prompt-lookup, llama.cpp, replay, vllm, vllm-eagle or llama.cpp-eagle."""
     draft: Any = None
     """eagle: the DraftOptions."""
     k: int = 0
-    """replay: chain length; hf-prompt-lookup: draft tokens."""
+    """replay: chain length; hf-prompt-lookup, vllm-eagle, llama.cpp-eagle: draft tokens."""
 
     @property
     def exact(self) -> bool:
         """Greedy output must equal vanilla's token for token (same weights, lossless decoding)."""
-        return self.kind in ("eagle", "hf", "hf-prompt-lookup", "replay")
+        return self.kind in ("eagle", "hf", "hf-prompt-lookup", "replay", "vllm", "vllm-eagle")
 
 
-_METHOD_START = re.compile(r"^(vanilla|eagle(:.*)?|hf|hf-prompt-lookup(:\d+)?|llama\.cpp|replay:\d+)$")
+_METHOD_START = re.compile(r"^(vanilla|eagle(:.*)?|hf|hf-prompt-lookup(:\d+)?|llama\.cpp(-eagle(:\d+)?)?|replay:\d+"
+                           r"|vllm(-eagle(:\d+)?)?)$")
+PEER_DRAFT_TOKENS = 3  # vllm-eagle / llama.cpp-eagle default K
 
 
 def split_methods(text: str) -> list[str]:
@@ -98,7 +106,7 @@ def split_methods(text: str) -> list[str]:
             out[-1] += ("," if ":" in out[-1] else ":") + item
         else:
             raise BenchError(f"unknown method {item!r}: use vanilla, eagle[:opts], hf, hf-prompt-lookup[:N], "
-                             f"llama.cpp or replay:K")
+                             f"llama.cpp, replay:K, vllm, vllm-eagle[:K] or llama.cpp-eagle[:K]")
     return out
 
 
@@ -107,8 +115,10 @@ def parse_method(text: str, seed: int | None = None) -> Method:
     from eaglespec.spec.speculative import DraftOptions
 
     kind, _, opts = text.partition(":")
-    if kind in ("vanilla", "hf", "llama.cpp") and not opts:
+    if kind in ("vanilla", "hf", "llama.cpp", "vllm") and not opts:
         return Method(text, kind)
+    if kind in ("vllm-eagle", "llama.cpp-eagle") and (not opts or (opts.isdigit() and int(opts) >= 1)):
+        return Method(text, kind, k=int(opts or PEER_DRAFT_TOKENS))
     if kind == "replay" and opts.isdigit() and int(opts) >= 1:
         return Method(text, kind, k=int(opts))
     if kind == "hf-prompt-lookup" and (not opts or opts.isdigit()):
@@ -196,6 +206,9 @@ class Output:
     verify_s: float | None = None
     dispatch: dict = field(default_factory=dict)
     """Speculative engine runs: trees chosen and the cost model's prediction (`SequenceStats.dispatch_record`)."""
+    drafted: int | None = None
+    """Peer arms that report only totals (llama.cpp): draft tokens proposed and accepted."""
+    accepted: int | None = None
 
 
 class EngineRunner:
@@ -316,6 +329,69 @@ class LlamaCppRunner:
         text = self.llm.detokenize(toks).decode("utf-8", errors="replace")
         reason = "stop" if toks and toks[-1] in self.eos and not cfg.ignore_eos else "length"
         return [Output(toks, text, reason, wall, wall, 1)]
+
+
+class VllmRunner:
+    """vLLM's CPU build in its own venv (``peers.VllmServer``): each call is one batch of the group's prompts.
+
+    vLLM reports no per-sequence time, so every record of a batch gets the batch's wall time; its acceptance
+    counters are the batch's too, so they are recorded at batch size 1 only."""
+
+    def __init__(self, server, tokenizer):
+        self.server = server
+        self.tokenizer = tokenizer
+
+    def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
+        cfg = configs[0]
+        r = self.server.generate(prompts, cfg.max_new_tokens, cfg.ignore_eos, cfg.sampling.temperature,
+                                 cfg.sampling.top_p, [c.sampling.seed for c in configs])
+        single = len(prompts) == 1
+        return [Output(toks, self.tokenizer.decode(toks, skip_special_tokens=True), reason, r["wall_s"], r["wall_s"],
+                       len(prompts), target_forwards=r["drafts"] if single and r["drafts"] else None,
+                       accepted_per_position=r["accepted_per_position"] if single and r["drafts"] else None)
+                for toks, reason in zip(r["outputs"], r["finish_reasons"])]
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class LlamaCppEagleRunner:
+    """llama.cpp's ``llama-speculative-simple --spec-type draft-eagle3`` on the default GGUF, one prompt per
+    process (batch 1). Time = its own decode time (model loading excluded); its output text is re-encoded
+    with our tokenizer for the token counts (its weights are the quantized ones: not expected to equal
+    vanilla's tokens)."""
+
+    def __init__(self, binary, target_gguf, head_gguf, k: int, tokenizer, threads: int, max_len: int):
+        self.binary, self.target_gguf, self.head_gguf = binary, target_gguf, head_gguf
+        self.k, self.tokenizer, self.threads, self.max_len = k, tokenizer, threads, max_len
+
+    def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
+        import subprocess
+
+        from eaglespec.measure.peers import PeerError, parse_llamacpp_log
+
+        cfg = configs[0]
+        s = cfg.sampling
+        prompt = self.tokenizer.decode(prompts[0], skip_special_tokens=False)
+        cmd = [str(self.binary), "-m", str(self.target_gguf), "-md", str(self.head_gguf), "--spec-type",
+               "draft-eagle3", "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min",
+               "0", "-p", prompt, "-n", str(cfg.max_new_tokens), "--temp", str(s.temperature), "--top-p",
+               str(s.top_p), "--seed", str(s.seed or 0), "-t", str(self.threads), "-c", str(self.max_len)]
+        if cfg.ignore_eos:
+            cmd.append("--ignore-eos")
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise PeerError(f"llama-speculative-simple failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        stats = parse_llamacpp_log(proc.stderr)
+        at = proc.stdout.find(prompt)  # it prints the prompt, then the new text
+        text = (proc.stdout[at + len(prompt):] if at >= 0 else proc.stdout).rstrip("\n")
+        toks = self.tokenizer.encode(text, add_special_tokens=False)[: cfg.max_new_tokens]
+        wall = stats["decode_s"] or wall
+        rounds = stats["drafted"] // self.k if self.k else None
+        return [Output(toks, text, "length" if len(toks) >= cfg.max_new_tokens else "stop", wall, wall, 1,
+                       target_forwards=rounds, drafted=stats["drafted"], accepted=stats["accepted"])]
 
 
 # ============================================================================================ the run
@@ -459,7 +535,64 @@ class Bench:
 
             if resolve_head_dir(m.draft, self.target) is None:
                 return f"no draft head: none shipped at {SHIPPED_HEAD_DIR}; give one with eagle:head=DIR"
+        if m.kind in ("vllm", "vllm-eagle", "llama.cpp-eagle"):
+            return self._peer_availability(m)
         return None
+
+    def _peer_availability(self, m: Method) -> str | None:
+        from eaglespec.measure.peers import PeerError, consumer_python, default_venvs, llamacpp_binary
+        from eaglespec.spec.speculative import DraftOptions, resolve_head_dir
+
+        venvs = default_venvs()
+        try:
+            if m.kind.startswith("vllm"):
+                consumer_python(venvs, "vllm")
+            else:
+                llamacpp_binary(venvs, "llama-speculative-simple")
+                if not (venvs / "llamacpp-src" / "convert_hf_to_gguf.py").is_file():
+                    return "llama.cpp's converter is missing (bash scripts/interop.sh --setup)"
+        except PeerError as e:
+            return str(e)
+        source = getattr(self.target.source, "kind", None)
+        if m.kind == "llama.cpp-eagle" and source != "default":
+            return "the llama.cpp arms run the default GGUF only (use them with the default --model)"
+        if source not in ("default", "gguf", "hf_dir"):
+            return "the peer arms need a model from --model (an HF directory or a GGUF)"
+        if m.kind != "vllm":
+            head = resolve_head_dir(DraftOptions(), self.target)
+            if head is None:
+                return "no draft head: the peer arms use the shipped head of the default model"
+            kind = json.loads((head / "config.json").read_text()).get("eaglespec", {}).get("kind")
+            if kind != "eagle3":
+                return f"the peer arms serve EAGLE-3 heads; {head} is {kind!r}"
+        return None
+
+    def _peer_runner(self, m: Method, batch: int):
+        """A runner for a peer arm (its engine started here, outside the timed groups)."""
+        from eaglespec.measure.peers import VllmServer, consumer_python, default_venvs, llamacpp_binary, run_probe
+        from eaglespec.runtime.loading import converted_dir
+        from eaglespec.spec.speculative import DraftOptions, resolve_head_dir
+
+        t = self.target
+        venvs = default_venvs()
+        target_dir = t.source.path if t.source.kind == "hf_dir" else converted_dir(t.source.path)
+        head = resolve_head_dir(DraftOptions(), t)
+        if m.kind.startswith("vllm"):
+            config = {"target_dir": str(target_dir), "dtype": self.dtype, "threads": torch.get_num_threads(),
+                      "max_model_len": t.model.args.max_position_embeddings, "max_num_seqs": batch,
+                      "head_dir": str(head) if m.kind == "vllm-eagle" else None, "method": "eagle3",
+                      "num_speculative_tokens": m.k}
+            log_file = self.out / "peers" / f"{m.name.replace(':', '-')}.b{batch}.log"
+            return VllmRunner(VllmServer(consumer_python(venvs, "vllm"), config, log_file), t.tokenizer)
+        work = (self.out / "peers").resolve()
+        run_probe(consumer_python(venvs, "llama.cpp"), "llamacpp_probe.py",
+                  {"head_dir": str(head.resolve()), "target_dir": str(target_dir), "target_gguf": str(t.source.path),
+                   "converter": str(venvs / "llamacpp-src" / "convert_hf_to_gguf.py"), "prompts": [],
+                   "draft_tokens": [], "max_new_tokens": 0, "threads": torch.get_num_threads(), "work": str(work)},
+                  work)
+        return LlamaCppEagleRunner(llamacpp_binary(venvs, "llama-speculative-simple"), t.source.path,
+                                   work / "head-eagle3.gguf", m.k, t.tokenizer, torch.get_num_threads(),
+                                   t.model.args.max_position_embeddings)
 
     def _skip(self, m: Method, why: str) -> None:
         if self.skipped.get(m.name) != why:
@@ -483,6 +616,8 @@ class Bench:
                 from eaglespec.spec.proposer import ReplayProposer
 
                 runner = EngineRunner(t, ReplayProposer({}, m.k), batch)
+            elif m.kind in ("vllm", "vllm-eagle", "llama.cpp-eagle"):
+                runner = self._peer_runner(m, batch)
             elif m.kind in ("hf", "hf-prompt-lookup"):
                 if self._hf_model is None:
                     self._hf_model = build_hf_model(t, self.cfg.dtype, self.cfg.device)
@@ -503,25 +638,34 @@ class Bench:
             desc = {"none": "no draft", "chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
                     "dynamic": f"dynamic(topk={c.topk},depth={c.depth},tokens={c.tree_tokens})"}[c.kind]
             return desc, c.num_nodes, c.depth
-        if m.kind in ("replay", "hf-prompt-lookup"):
-            return f"{'chain' if m.kind == 'replay' else 'lookup'}{m.k}", m.k + 1, m.k
+        if m.kind in ("replay", "hf-prompt-lookup", "vllm-eagle", "llama.cpp-eagle"):
+            return f"{'lookup' if m.kind == 'hf-prompt-lookup' else 'chain'}{m.k}", m.k + 1, m.k
         return "none", 1, 0
 
     # ---------------------------------------------------------------------------------- the loop
     def run(self) -> Path:
         path = self._start()
-        with torch.inference_mode(), path.open("a", encoding="utf-8") as sink:
-            self._sink = sink
-            for batch in self.cfg.batch_sizes:
-                for temp in self.cfg.temperatures:
-                    for questions in self.questions.values():
-                        for turn in range(1, max(len(q.turns) for q in questions) + 1):
-                            asked = [q for q in questions if len(q.turns) >= turn]
-                            for i in range(0, len(asked), batch):
-                                self._group(asked[i : i + batch], turn, batch, temp)
-                self.runners = {}  # free this batch size's engines and caches (a new engine warms up again)
-                self.warmed.clear()
+        try:
+            with torch.inference_mode(), path.open("a", encoding="utf-8") as sink:
+                self._sink = sink
+                for batch in self.cfg.batch_sizes:
+                    for temp in self.cfg.temperatures:
+                        for questions in self.questions.values():
+                            for turn in range(1, max(len(q.turns) for q in questions) + 1):
+                                asked = [q for q in questions if len(q.turns) >= turn]
+                                for i in range(0, len(asked), batch):
+                                    self._group(asked[i : i + batch], turn, batch, temp)
+                    self._close_runners()  # free this batch size's engines (a new engine warms up again)
+        finally:
+            self._close_runners()  # peer engines are processes: never leave one behind
         return path
+
+    def _close_runners(self) -> None:
+        for runner in self.runners.values():
+            if hasattr(runner, "close"):  # peer engines run in processes of their own
+                runner.close()
+        self.runners = {}
+        self.warmed.clear()
 
     def _history(self, q, turn: int, method: str, batch: int, temp: float) -> list[str] | None:
         """Answers of turns 1..turn-1 (vanilla's when vanilla runs, else the method's own); None if missing."""
@@ -544,8 +688,8 @@ class Bench:
             why = self.unavailable.get(m.name)
             if why is None and m.kind == "hf-prompt-lookup" and batch > 1:
                 why = "transformers' prompt lookup runs at batch size 1 only"
-            if why is None and m.kind == "llama.cpp" and batch > 1:
-                why = "the llama.cpp arm runs at batch size 1 only"
+            if why is None and m.kind in ("llama.cpp", "llama.cpp-eagle") and batch > 1:
+                why = "the llama.cpp arms run at batch size 1 only"
             if why is not None:
                 self._skip(m, why)
                 continue
@@ -695,7 +839,7 @@ def register(subparsers) -> None:
                         "Alpaca/AlpacaEval JSON, ShareGPT JSON, or JSONL with `prompt`")
     p.add_argument("--methods", action="append", default=[],
                    help="comma list (repeatable; default vanilla,eagle): vanilla, eagle[:opts], hf, "
-                        "hf-prompt-lookup[:N], llama.cpp, replay:K")
+                        "hf-prompt-lookup[:N], llama.cpp, replay:K, vllm, vllm-eagle[:K], llama.cpp-eagle[:K]")
     p.add_argument("--out", required=True, metavar="DIR", help="records.jsonl, run.json, report.md, plots")
     p.add_argument("--resume", action="store_true", help="continue DIR/records.jsonl, skipping recorded keys")
     p.add_argument("--limit", type=int, default=None, help="first N questions per dataset")

@@ -466,7 +466,8 @@ def plot_speedup_by_category(out_dir: Path, rs: Records, dataset: str, temp: flo
 
 def plot_acceptance(out_dir: Path, rs: Records, temp: float, hw: str) -> str | None:
     batch, rs = at_smallest_batch(rs)
-    rs = [r for r in rs if r.get("accepted_per_position") is not None and r.get("method_kind") in ("eagle", "replay")]
+    rs = [r for r in rs if r.get("accepted_per_position") is not None
+          and r.get("method_kind") in ("eagle", "replay", "vllm-eagle")]
     if not rs:
         return None
     fig, (ax,) = _figure()

@@ -94,6 +94,8 @@ class TrainConfig:
     device: str = field(default="cpu", metadata=_opt("cpu or cuda (under torchrun: cuda:LOCAL_RANK)"))
     kind: str = field(default="eagle3", metadata=_opt("head kind: eagle3 or eagle1"))
     num_layers: int = field(default=1, metadata=_opt("decoder layers of the head"))
+    fc_bias: bool | None = field(default=None, metadata=_opt(
+        "EAGLE-1: fc has a bias (None = yes, as the EAGLE reference heads; vLLM's EAGLE-1 loader needs false)"))
     draft_vocab_size: int | None = field(default=8192, metadata=_opt(
         "EAGLE-3 draft vocabulary size (None = the full target vocabulary)"))
     feature_layer_ids: tuple[int, ...] | None = field(default=None, metadata=_opt(
@@ -147,8 +149,8 @@ class TrainConfig:
 
     # Fields whose change makes a checkpoint's data order or head shape invalid.
     RESUME_FIXED: typing.ClassVar[tuple[str, ...]] = (
-        "kind", "num_layers", "draft_vocab_size", "feature_layer_ids", "init_head", "init_vocab", "features", "data",
-        "max_len", "eval_records", "batch_size", "grad_accum", "seed")
+        "kind", "num_layers", "fc_bias", "draft_vocab_size", "feature_layer_ids", "init_head", "init_vocab",
+        "features", "data", "max_len", "eval_records", "batch_size", "grad_accum", "seed")
 
     def __post_init__(self) -> None:
         if self.feature_layer_ids is not None:
@@ -687,7 +689,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
         target.model, cfg.kind, num_layers=cfg.num_layers,
         draft_vocab_size=cfg.draft_vocab_size if cfg.kind == "eagle3" else None,
         feature_layer_ids=data.hidden_indices if cfg.kind == "eagle3" else None,
-        max_position_embeddings=target.model.args.max_position_embeddings,
+        bias=cfg.fc_bias, max_position_embeddings=target.model.args.max_position_embeddings,
     ).to(device=device, dtype=torch.float32)
 
     if state is not None:
