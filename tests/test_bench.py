@@ -364,3 +364,19 @@ def test_peer_arms_parse_and_are_skipped_with_the_install_command(model_dir, que
     skipped = json.loads((out / "run.json").read_text())["skipped"]
     assert set(skipped) == {"vllm", "vllm-eagle", "llama.cpp-eagle"}
     assert all("is not installed" in why and "scripts/interop.sh --setup" in why for why in skipped.values())
+
+
+def test_an_empty_question_selection_is_refused_by_name(questions, tmp_path):
+    """--limit 0 is a clear error before any model loads, not an IndexError (an unknown category is refused by
+    the dataset reader, naming the categories there)."""
+    for flags, match in ((["--limit", "0"], "--limit must be >= 1"),
+                         (["--limit-per-category", "0"], "--limit-per-category must be >= 1")):
+        with pytest.raises(bench.BenchError, match=match):
+            bench.Bench(bench.BenchConfig(datasets=[str(questions)], out=str(tmp_path / "o"), methods=["vanilla"],
+                                          **{"limit": None, "limit_per_category": None, "categories": None,
+                                             **_flag_dict(flags)}))
+
+
+def _flag_dict(flags: list[str]) -> dict:
+    name, value = flags[0].lstrip("-").replace("-", "_"), flags[1]
+    return {name: [value] if name == "categories" else int(value)}

@@ -469,6 +469,9 @@ class Bench:
             raise BenchError("no --dataset given")
         if min(cfg.batch_sizes) < 1 or cfg.max_new_tokens < 1:
             raise BenchError("--batch-size and --max-new-tokens must be >= 1")
+        for name in ("limit", "limit_per_category"):
+            if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+                raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
         for temp in cfg.temperatures:  # the one rule set, before anything runs
             try:
                 SamplingParams(temp, cfg.top_p)
@@ -477,6 +480,8 @@ class Bench:
         self.questions = {}
         for spec in cfg.datasets:
             qs = load_questions(spec, cfg.limit, cfg.categories, cfg.max_turns, cfg.limit_per_category)
+            if not qs:
+                raise BenchError(f"{spec}: no questions left (check --categories and --max-turns)")
             if qs[0].dataset in self.questions:
                 raise BenchError(f"two datasets are named {qs[0].dataset!r}: name them with --dataset NAME=PATH")
             self.questions[qs[0].dataset] = qs
