@@ -203,3 +203,23 @@ def test_summary_names_skipped_and_checked_consumers():
     md = interop.summary_markdown(info)
     assert "| llama.cpp | - | skipped |" in md and "llama.cpp is not installed" in md
     assert "[3] of 10 vs [3] of 10 (equal)" in md and "| 4/4 equal |" in md
+
+
+# ============================================================================================ llama.cpp
+def test_saved_eagle3_head_is_what_llamacpps_converter_detects(head3):
+    """Its convert_hf_to_gguf.py takes a head as EAGLE-3 only with draft_vocab_size AND one layer, reads the
+    tapped layers from the top-level key (our numbering) and renames midlayer.* itself."""
+    cfg = json.loads((head3 / "config.json").read_text())
+    assert "draft_vocab_size" in cfg and cfg["num_hidden_layers"] == 1
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == cfg["eaglespec"]["feature_layer_ids"]
+    assert "target_hidden_size" in cfg and not cfg.get("norm_before_residual") and not cfg.get("norm_before_fc")
+
+
+def test_llamacpp_log_parsing_and_text_agreement():
+    log = ("I decoded   49 tokens in    2.617 seconds, speed:   18.723 t/s\nI n_predict = 49\n"
+           "I n_drafted = 38\nI n_accept  = 11\nI accept    = 28.947%\n")
+    assert peers.parse_llamacpp_log(log) == {"drafted": 38, "accepted": 11, "predicted": 49, "decode_s": 2.617}
+    with pytest.raises(peers.PeerError, match="no drafted count"):
+        peers.parse_llamacpp_log("I decoded 3 tokens")
+    assert interop._common_prefix("hello world", "hello there") == 6
+    assert interop._common_prefix("same", "same") == 4 and interop._common_prefix("", "x") == 0

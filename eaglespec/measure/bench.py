@@ -714,7 +714,14 @@ class Bench:
                                         SamplingParams(temp, cfg.top_p, 0, request_seed(cfg.seed, q.dataset,
                                                                                          q.question_id, turn)),
                                         (), cfg.ignore_eos) for q in todo]
-            runner = self._runner(m, batch)
+            try:
+                runner = self._runner(m, batch)
+            except ValueError as e:  # a peer engine that is installed but would not start (peers.PeerError)
+                if m.kind not in ("vllm", "vllm-eagle", "llama.cpp-eagle"):
+                    raise
+                self.unavailable[m.name] = f"it failed to start: {e}"
+                self._skip(m, self.unavailable[m.name])
+                continue
             if m.kind == "replay":
                 for q, p in zip(todo, prompts):
                     ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))

