@@ -166,11 +166,11 @@ def adaptive_dispatcher(target, head, head_dir: Path, opts):
     import hashlib
 
     from eaglespec.runtime.loading import cache_root
-    from eaglespec.spec.dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher, tree_label
+    from eaglespec.spec.dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher
     from eaglespec.spec.proposer import EagleProposer
 
     # draft sampling needs chain/static trees (a dynamic tree's rerank breaks the sampled-children rule)
-    cands = [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
+    cands = [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.samples_children]
     files = sorted(Path(head_dir).glob("*.json")) + sorted(Path(head_dir).glob("*.safetensors"))
     head_id = hashlib.sha256("".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
                              .encode()).hexdigest()[:16]
@@ -178,7 +178,7 @@ def adaptive_dispatcher(target, head, head_dir: Path, opts):
     def make(tree):
         return EagleProposer(head, tree, alignment=opts.alignment)
 
-    costs, measured = load_or_calibrate(target, make, {tree_label(c): c for c in cands}, cache_root(),
+    costs, measured = load_or_calibrate(target, make, {c.label: c for c in cands}, cache_root(),
                                         head_id=head_id, precision=getattr(target.model, "precision", "?"))
     if measured:
         log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())

@@ -24,6 +24,7 @@ from eaglespec.runtime.kvcache import HostRows
 from eaglespec.spec.sampling import draw_uniforms, process_logits
 from eaglespec.engine.stats import SequenceStats
 from eaglespec.engine.stopping import StopChecker
+from eaglespec.spec.strategies import NoDraft
 from eaglespec.spec.tree import DraftTree, tree_mask, tree_positions
 from eaglespec.spec.verify import Verdict, verify_greedy, verify_sampling
 
@@ -104,6 +105,9 @@ class _Sequence:
     finish_reason: str | None = None
     stats: SequenceStats = field(default_factory=SequenceStats)
     start: float = 0.0
+
+
+NO_DRAFT = NoDraft()  # vanilla decoding: the same step with the root alone
 
 
 def draft_seed(seed: int) -> int:
@@ -285,7 +289,7 @@ class Engine:
         out = self.model(tokens, positions, self.cache, rows=rows, logits_at=(lengths - 1)[:, None],
                          hidden_indices=hidden_indices, prefill=True)
         self.cache.advance(rows, lengths)
-        root = DraftTree.root_only(tokens[:, :1])
+        root, _ = NO_DRAFT.draft(None, tokens[:, 0])
         verdict = self._verify(seqs, root, out.logits)  # [B, 1, V] logits -> first new token
         if self.proposer is not None:
             self.proposer.prefill(rows, tokens, lengths, out, verdict.bonus, seeds=[draft_seed(s.seed) for s in seqs])
@@ -342,7 +346,7 @@ class Engine:
                                          host=HostRows(host_rows, host_lengths, max(host_lengths)))
             hidden_indices = self.proposer.hidden_indices
         else:
-            tree = DraftTree.root_only(pending[:, None])
+            tree, _ = NO_DRAFT.draft(None, pending)
             hidden_indices = ()
         self._sync()
         t1 = time.perf_counter()

@@ -105,6 +105,7 @@ def split_methods(text: str) -> list[str]:
 def parse_method(text: str, seed: int | None = None) -> Method:
     """`eagle:dynamic,depth=6,topk=8,tokens=32` -> Method(kind="eagle", draft=DraftOptions(...))."""
     from eaglespec.spec.speculative import DraftOptions
+    from eaglespec.spec.strategies import TREE_KINDS
 
     kind, _, opts = text.partition(":")
     if kind in ("vanilla", "hf", "llama.cpp") and not opts:
@@ -120,7 +121,7 @@ def parse_method(text: str, seed: int | None = None) -> Method:
     for opt in filter(None, opts.split(",")):
         key, eq, value = opt.partition("=")
         try:
-            if opt in ("static", "dynamic", "auto", "chain", "none"):
+            if opt == "auto" or opt in TREE_KINDS:
                 kw["tree"] = opt
             elif re.fullmatch(r"chain\d+", opt):
                 kw["tree"], kw["depth"] = "chain", int(opt[5:])
@@ -139,7 +140,7 @@ def parse_method(text: str, seed: int | None = None) -> Method:
             raise BenchError(f"method {text!r}: bad value in {opt!r} ({e})") from None
     opts_obj = DraftOptions(**kw)
     try:
-        opts_obj.tree_config()
+        opts_obj.dispatcher()
     except ValueError as e:
         raise BenchError(f"method {text!r}: {e}") from None
     if opts_obj.alignment not in ("stable", "last"):
@@ -470,9 +471,7 @@ class Bench:
         """(description, nodes incl. root, depth) of the tree the method verifies at this batch size."""
         if m.kind == "eagle":
             c = runner.engine.proposer.dispatcher.pick(batch)
-            desc = {"none": "no draft", "chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
-                    "dynamic": f"dynamic(topk={c.topk},depth={c.depth},tokens={c.tree_tokens})"}[c.kind]
-            return desc, c.num_nodes, c.depth
+            return c.label, c.num_nodes, c.max_depth
         if m.kind in ("replay", "hf-prompt-lookup"):
             return f"{'chain' if m.kind == 'replay' else 'lookup'}{m.k}", m.k + 1, m.k
         return "none", 1, 0

@@ -499,12 +499,12 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
     from eaglespec.engine.stats import SequenceStats
-    from eaglespec.spec.tree import TreeConfig
+    from eaglespec.spec.strategies import Chain
 
     prompts = [list(p) for p in prompts if p]
     if not prompts:
         return None
-    engine = Engine(target, proposer=EagleProposer(head, TreeConfig.chain(depth)),
+    engine = Engine(target, proposer=EagleProposer(head, Chain(depth)),
                     max_batch_size=min(8, len(prompts)))
     done = engine.generate([Request(p, GenerationConfig(max_new_tokens)) for p in prompts])
     st = SequenceStats.pooled(c.stats for c in done)
