@@ -75,13 +75,13 @@ def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
 
     from eaglespec.engine import calibrate as cal
     from eaglespec.spec.proposer import EagleProposer
-    from eaglespec.spec.tree import TreeConfig
+    from eaglespec.spec.strategies import Chain
     from helpers import tiny_target
     from test_speculative import make_head
 
     target, _ = tiny_target("llama")
     head = make_head(target, "eagle3")
-    cands = {"chain1": TreeConfig.chain(1), "chain3": TreeConfig.chain(3)}
+    cands = {"chain1": Chain(1), "chain3": Chain(3)}
     monkeypatch.setattr(cal, "VERIFY_TOKENS", (1, 2, 4))
     monkeypatch.setattr(cal, "PREFIX", 16)
     with torch.inference_mode():
@@ -125,11 +125,11 @@ def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
         orig = d.pick
         d.pick = lambda b, rows=None: seen.append(orig(b, rows)) or seen[-1]
         runs.append(_greedy_runs(target, EagleProposer(make_head(target, "eagle3"), d), prompts))
-        picks.append([c.kind for c in seen])
+        picks.append([c.label for c in seen])
     assert runs[0] == vanilla and runs[1] == vanilla
     assert picks[0] == picks[1]  # same choices step by step
     # a random head is (almost) never accepted: the dispatcher mostly stops drafting and probes
-    assert picks[0].count("none") > len(picks[0]) / 2 and "chain" in picks[0]
+    assert picks[0].count("none") > len(picks[0]) / 2 and any(p.startswith("chain") for p in picks[0])
 
 
 def test_predicted_speedup_adds_up_rounds_not_ratios():
@@ -164,9 +164,9 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
 
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
-    from eaglespec.spec.dispatch import AdaptiveDispatcher, tree_label
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
     from eaglespec.spec.proposer import EagleProposer
-    from eaglespec.spec.tree import TreeConfig
+    from eaglespec.spec.strategies import Chain
     from helpers import tiny_target, tiny_tokenizer
     from test_speculative import PROMPTS, make_head
 
@@ -178,7 +178,7 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
 
     def pick(b, rows=None):
         cfg = orig(b, rows)
-        steps.append((tree_label(cfg), d.step))
+        steps.append((cfg.label, d.step))
         return cfg
 
     d.pick = pick
@@ -197,7 +197,7 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
         plain = sum(ch.vanilla_s for _, ch in steps)
         assert st.predicted_speedup == pytest.approx((tokens / secs) / (len(steps) / plain))
     with torch.inference_mode():  # a fixed tree: counted, nothing predicted
-        fixed = Engine(target, EagleProposer(head, TreeConfig.chain(2))).generate(reqs[:1])[0].stats
+        fixed = Engine(target, EagleProposer(head, Chain(2))).generate(reqs[:1])[0].stats
     assert fixed.tree_rounds == {"chain2": fixed.target_forwards} and fixed.predicted_speedup is None
 
 
@@ -224,14 +224,14 @@ def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts():
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
     from eaglespec.spec.proposer import EagleProposer
-    from eaglespec.spec.tree import TreeConfig
+    from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft
     from helpers import tiny_target, tiny_tokenizer
     from test_speculative import PROMPTS, make_head
 
     target, _ = tiny_target("llama")
-    none, chain3 = TreeConfig.none(), TreeConfig.chain(3)
-    script = ([none] * 10 + [chain3] * 2 + [none] * 3 + [TreeConfig.dynamic(topk=3, depth=3, tree_tokens=8)]
-              + [none] * 9 + [TreeConfig.chain(2)] + [none] * 7 + [chain3])
+    none, chain3 = NoDraft(), Chain(3)
+    script = ([none] * 10 + [chain3] * 2 + [none] * 3 + [DynamicTree(topk=3, depth=3, tree_tokens=8)]
+              + [none] * 9 + [Chain(2)] + [none] * 7 + [chain3])
     # the second request finishes 3 steps into the first pause and the third takes its row: ragged lags
     reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(n, ignore_eos=True))
             for p, n in zip(PROMPTS, (40, 4, 30))]

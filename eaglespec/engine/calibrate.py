@@ -85,7 +85,7 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
 @torch.inference_mode()
 def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
                   steps: int = 4) -> dict[tuple[int, str], float]:
-    """Seconds of drafting per step for each candidate (label -> tree config) at each batch size: the engine
+    """Seconds of drafting per step for each candidate (label -> tree strategy) at each batch size: the engine
     runs ``steps`` decode steps with that tree on a fixed prompt (after a warm-up run) and reports draft_s."""
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
@@ -95,7 +95,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     prompt = list(range(5, 5 + min(PREFIX, 64)))
     measured = sorted({batches[0], batches[-1]})  # drafting grows slowly with batch: interpolate between
     for label, tree in candidates.items():
-        if label == "none":
+        if not tree.drafts:  # a plain step drafts nothing
             continue
         for b in measured:
             engine = Engine(target, make_proposer(tree), max_batch_size=b)
@@ -167,7 +167,7 @@ def calibration_candidates(opts) -> list:
     dynamic tree's rerank breaks the sampled-children rule)."""
     from eaglespec.spec.dispatch import DEFAULT_CANDIDATES
 
-    return [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
+    return [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.samples_children]
 
 
 def head_fingerprint(head_dir: Path) -> str:
@@ -182,14 +182,13 @@ def calibration_for(target, head, head_dir: Path, opts, recalibrate: bool = Fals
     """(this machine's cost table for the target and head, measured_now): cached, measured when missing or
     when ``recalibrate`` (``eaglespec calibrate --force``)."""
     from eaglespec.runtime.loading import cache_root
-    from eaglespec.spec.dispatch import tree_label
     from eaglespec.spec.proposer import EagleProposer
 
     def make(tree):
         return EagleProposer(head, tree, alignment=opts.alignment)
 
     cands = calibration_candidates(opts)
-    costs, measured = load_or_calibrate(target, make, {tree_label(c): c for c in cands}, cache_root(),
+    costs, measured = load_or_calibrate(target, make, {c.label: c for c in cands}, cache_root(),
                                         head_id=head_fingerprint(head_dir),
                                         precision=getattr(target.model, "precision", "?"), recalibrate=recalibrate)
     if measured:
@@ -209,8 +208,6 @@ def adaptive_dispatcher(target, head, head_dir: Path, opts):
 def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
     """The table `eaglespec calibrate` prints: verify(b, n) per batch size, then per candidate tree its draft
     and step cost and the tokens per step it needs to beat plain decoding (step / verify(b, 1))."""
-    from eaglespec.spec.dispatch import tree_label
-
     batches = sorted({b for b, _ in costs.verify})
     ns = sorted({n for _, n in costs.verify})
     lines = [f"machine: {costs.fingerprint}", "",
@@ -225,7 +222,7 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
     for b in batches:
         v1 = costs.verify_cost(b, 1)
         for c in candidates:
-            label = tree_label(c)
+            label = c.label
             draft = costs.draft_cost(b, label)
             if draft is None:
                 continue

@@ -105,6 +105,7 @@ def split_methods(text: str) -> list[str]:
 def parse_method(text: str, seed: int | None = None) -> Method:
     """`eagle:dynamic,depth=6,topk=8,tokens=32` -> Method(kind="eagle", draft=DraftOptions(...))."""
     from eaglespec.spec.speculative import DraftOptions
+    from eaglespec.spec.strategies import TREE_KINDS, Chain
 
     kind, _, opts = text.partition(":")
     if kind in ("vanilla", "hf", "llama.cpp") and not opts:
@@ -120,10 +121,10 @@ def parse_method(text: str, seed: int | None = None) -> Method:
     for opt in filter(None, opts.split(",")):
         key, eq, value = opt.partition("=")
         try:
-            if opt in ("static", "dynamic", "auto", "chain", "none"):
+            if opt == "auto" or opt in TREE_KINDS:
                 kw["tree"] = opt
             elif re.fullmatch(r"chain\d+", opt):
-                kw["tree"], kw["depth"] = "chain", int(opt[5:])
+                kw["tree"], kw["depth"] = Chain.kind, int(opt[5:])
             elif eq and key in names:
                 kw[names[key]] = int(value)
             elif eq and key == "head":
@@ -139,7 +140,7 @@ def parse_method(text: str, seed: int | None = None) -> Method:
             raise BenchError(f"method {text!r}: bad value in {opt!r} ({e})") from None
     opts_obj = DraftOptions(**kw)
     try:
-        opts_obj.tree_config()
+        opts_obj.dispatcher()
     except ValueError as e:
         raise BenchError(f"method {text!r}: {e}") from None
     if opts_obj.alignment not in ("stable", "last"):
@@ -370,13 +371,11 @@ def measured_speedup(rec: dict, vanilla: dict) -> float | None:
 def auto_tree(dispatcher, o: Output) -> tuple[str, float, int]:
     """("auto", mean nodes verified per round, deepest tree) of one sequence under the adaptive dispatcher,
     from the rounds it ran per tree label."""
-    from eaglespec.spec.dispatch import tree_label
-
-    shapes = {tree_label(c): c for c in dispatcher.configs}
+    shapes = {c.label: c for c in dispatcher.configs}
     rounds = o.dispatch.get("tree_rounds") or {}
     n = sum(rounds.values())
     nodes = sum(shapes[k].num_nodes * v for k, v in rounds.items()) / n if n else 1.0
-    depth = max((shapes[k].depth for k in rounds), default=0)
+    depth = max((shapes[k].max_depth for k in rounds), default=0)
     return "auto", round(nodes, 3), depth
 
 
@@ -500,12 +499,13 @@ class Bench:
             if hasattr(d, "observe"):
                 return "auto", None, None
             c = d.pick(batch)
-            desc = {"none": "no draft", "chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
-                    "dynamic": f"dynamic(topk={c.topk},depth={c.depth},tokens={c.tree_tokens})"}[c.kind]
-            return desc, c.num_nodes, c.depth
+            return c.label, c.num_nodes, c.max_depth
         if m.kind in ("replay", "hf-prompt-lookup"):
             return f"{'chain' if m.kind == 'replay' else 'lookup'}{m.k}", m.k + 1, m.k
-        return "none", 1, 0
+        from eaglespec.spec.strategies import NoDraft
+
+        plain = NoDraft()
+        return plain.label, plain.num_nodes, plain.max_depth
 
     # ---------------------------------------------------------------------------------- the loop
     def run(self) -> Path:

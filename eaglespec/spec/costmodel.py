@@ -24,6 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eaglespec.spec.strategies import NoDraft
+
+PLAIN = NoDraft().label
+"""The label of a plain step (no drafting): speedup 1 by definition."""
+
 __all__ = ["AcceptanceTracker", "CostTable", "Choice", "chain_expected_tokens", "choose", "predicted_speedup", "score"]
 
 
@@ -137,7 +142,7 @@ class Choice:
 
 def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expected_tokens: float) -> float | None:
     """E[tokens] * verify(b, 1) / (draft + verify(b, nodes)); None when the shape's draft cost is unmeasured."""
-    if label == "none":
+    if label == PLAIN:
         return 1.0
     draft = costs.draft_cost(batch, label)
     if draft is None:
@@ -148,8 +153,8 @@ def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expe
 def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, tracker: AcceptanceTracker
           ) -> Choice | None:
     """The prediction for one shape (``none``: speedup 1); None when its draft cost is unmeasured."""
-    if label == "none":
-        return Choice("none", 1.0, 1.0, costs.verify_cost(batch, 1))
+    if label == PLAIN:
+        return Choice(PLAIN, 1.0, 1.0, costs.verify_cost(batch, 1))
     e = tracker.expected_tokens(label, depth)
     s = predicted_speedup(costs, batch, label, nodes, e)
     if s is None:
@@ -161,9 +166,9 @@ def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int
            margin: float = 1.0) -> Choice:
     """The candidate (label -> (nodes, depth)) with the best predicted speedup; ``none`` unless something
     beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise)."""
-    best = score(costs, batch, "none", 1, 0, tracker)
+    best = score(costs, batch, PLAIN, 1, 0, tracker)
     for label, (nodes, depth) in candidates.items():
-        c = None if label == "none" else score(costs, batch, label, nodes, depth, tracker)
-        if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == "none" else 1.0):
+        c = None if label == PLAIN else score(costs, batch, label, nodes, depth, tracker)
+        if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == PLAIN else 1.0):
             best = c
     return best
