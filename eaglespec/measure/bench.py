@@ -577,17 +577,17 @@ class Bench:
                     self._record(q, turn, m, batch, temp, p, o, shape)
 
     def _record(self, q, turn: int, m: Method, batch: int, temp: float, prompt: list[int], o: Output,
-                tree: tuple[str, int, int]) -> None:
+                tree: tuple[str, float, int]) -> None:
         cfg = self.cfg
         out = asdict(o)
+        dispatch = out.pop("dispatch")
         rec = {"dataset": q.dataset, "question_id": q.question_id, "turn": turn, "method": m.name,
                "batch_size": batch, "temperature": temp, "seed": cfg.seed, "category": q.category,
                "method_kind": m.kind, "exact": m.exact, "tree": tree[0], "tree_nodes": tree[1], "tree_depth": tree[2],
                "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "ignore_eos": cfg.ignore_eos,
-               "prompt_tokens": len(prompt), "new_tokens": len(o.token_ids), **out, **out.pop("dispatch"),
+               "prompt_tokens": len(prompt), "new_tokens": len(o.token_ids), **out, **dispatch,
                "measured_speedup": None, "mismatch": None, "first_mismatch": None, "model": self.target.name,
                "machine": self.machine, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        del rec["dispatch"]
         for k in ("wall_s", "batch_wall_s", "prefill_s", "draft_s", "verify_s"):
             if rec[k] is not None:
                 rec[k] = round(rec[k], 6)
