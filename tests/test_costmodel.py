@@ -286,3 +286,35 @@ def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
     first = run(hot, spec())
     assert run(hot, spec()) == first
     assert run(SamplingParams(temperature=1.0, seed=8), spec()) != first  # the seed matters
+
+
+def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
+    """What makes the paused state cheap: no draft-head forward while paused; the step that resumes drafting
+    runs exactly one extra forward (the catch-up over all recorded pairs) compared with the next drafting
+    step."""
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.tree import TreeConfig
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    head = make_head(target, "eagle3")
+    calls = []
+    head.register_forward_hook(lambda *_: calls.append(1))
+    proposer = EagleProposer(head, Scripted([TreeConfig.none()] * 10 + [TreeConfig.chain(2)] * 3))
+    engine = Engine(target, proposer, max_batch_size=2)
+    for i, p in enumerate(PROMPTS[:2]):
+        engine.submit(i, Request(tiny_tokenizer().encode(p), GenerationConfig(20, ignore_eos=True)))
+    per_step = []
+    with torch.inference_mode():
+        engine.step()  # prefill
+        for _ in range(12):
+            calls.clear()
+            engine.step()
+            per_step.append(len(calls))
+    assert per_step[:10] == [0] * 10
+    assert per_step[10] == per_step[11] + 1 and per_step[11] >= 2  # catch-up + (draft level + commit)
