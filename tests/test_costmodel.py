@@ -29,6 +29,37 @@ def test_cost_table_interpolates_and_extrapolates_along_tokens():
     assert t.verify_cost(3, 1) == 10.0  # nearest measured batch at or below
 
 
+def test_a_stalled_measurement_does_not_make_speculation_look_free():
+    # verify(2, 1) caught a stall of the shared machine: 4.8 s where its neighbours took ~65 ms. Uncapped,
+    # a chain at batch 2 would be predicted ~30x faster than plain decoding and always chosen.
+    verify = {(b, n): 0.050 + 0.005 * b + 0.004 * n * b for b in (1, 2, 4) for n in (1, 2, 4, 8)}
+    verify[(2, 1)] = 4.8
+    costs = CostTable(verify, {(b, "chain1"): 0.002 for b in (1, 2, 4)})
+    assert costs.verify[(2, 1)] == 4.8  # the raw measurement is kept (printed, cached) ...
+    assert costs.verify_cost(2, 1) == pytest.approx(verify[(2, 2)])  # ... the model uses the capped one
+    assert costs.verify_cost(1, 1) == pytest.approx(verify[(1, 1)])  # consistent measurements are untouched
+    assert costs.stalled() == [(2, 1)]  # what calibration measures again before it keeps the table
+    assert CostTable({k: v for k, v in verify.items() if k != (2, 1)} | {(2, 1): 0.07}, {}).stalled() == []
+
+
+def test_calibration_measures_a_stalled_point_again(monkeypatch):
+    from eaglespec.engine import calibrate as cal
+    from helpers import tiny_target
+
+    target, _ = tiny_target("llama")
+    real, calls = cal._time, []
+
+    def stall_first(fn, warmup=1, reps=2):  # the first forward measured, verify(1, 1), hits a 5 s stall
+        calls.append(fn)
+        return 5.0 if len(calls) == 1 else real(fn, warmup, reps)
+
+    monkeypatch.setattr(cal, "_time", stall_first)
+    verify = cal.measure_verify(target.model, batches=(1, 2), tokens=(1, 2, 4), prefix=16)
+    # six points, then verify(1, 1) again first (other points too if this machine's noise stalls them)
+    assert len(calls) >= 7 and calls[6] is calls[0]
+    assert verify[(1, 1)] < 5.0
+
+
 def test_never_accepted_head_picks_none():
     tracker = AcceptanceTracker(prior=(0.0,) * 6)
     for _ in range(20):
