@@ -62,11 +62,13 @@ def _time(fn, warmup: int = 1, reps: int = 2) -> float:
 
 @torch.inference_mode()
 def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
-                   prefix: int | None = None) -> dict[tuple[int, int], float]:
+                   prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
     """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
-    cached tokens (the minimum of 3 timed runs after a warm-up)."""
+    cached tokens (the minimum of 2 timed runs after a warm-up). Points that cost more than a larger forward
+    (``CostTable.stalled``: the machine stalled) are measured again, up to ``retries`` rounds."""
     batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
     out: dict[tuple[int, int], float] = {}
+    forwards = {}  # (b, n) -> the forward to time
     dev = model.device
     for b in batches:
         cache = model.new_cache(b, prefix + max(tokens) + 1)
@@ -78,7 +80,16 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
             t = torch.randint(0, model.args.vocab_size, (b, n), device=dev)
             pos = (prefix + torch.arange(n, device=dev)).expand(b, -1)
             mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)).expand(b, n, n) if n > 1 else None
-            out[(b, n)] = _time(lambda: model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all"))
+            forwards[(b, n)] = (lambda t=t, pos=pos, cache=cache, rows=rows, mask=mask:
+                                model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all"))
+            out[(b, n)] = _time(forwards[(b, n)])
+    for _ in range(retries):
+        stalled = CostTable(out, {}).stalled()
+        if not stalled:
+            break
+        log.info("calibration: measuring %d stalled point(s) again: %s", len(stalled), stalled)
+        for k in stalled:
+            out[k] = min(out[k], _time(forwards[k], warmup=0))
     return out
 
 
@@ -211,11 +222,18 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
     batches = sorted({b for b, _ in costs.verify})
     ns = sorted({n for _, n in costs.verify})
     lines = [f"machine: {costs.fingerprint}", "",
-             "verify(b, n): ms of one target forward of n tokens per row at batch b",
-             "batch | " + " | ".join(f"n={n:<4d}" for n in ns)]
+             "verify(b, n): ms of one target forward of n tokens per row at batch b (* = capped by a larger "
+             "forward's measurement: a stall)",
+             "batch | " + " | ".join(f"n={n:<5d}" for n in ns)]
+
+    def cell(b: int, n: int) -> str:
+        if (b, n) not in costs.verify:
+            return "      -"
+        used = costs.envelope[(b, n)]
+        return f"{1e3 * used:6.2f}" + ("*" if used < costs.verify[(b, n)] else " ")
+
     for b in batches:
-        lines.append(f"{b:5d} | " + " | ".join(f"{1e3 * costs.verify[(b, n)]:6.2f}" if (b, n) in costs.verify
-                                                else "     -" for n in ns))
+        lines.append(f"{b:5d} | " + " | ".join(cell(b, n) for n in ns))
     lines += ["", "per tree: ms of drafting, of verifying its nodes, of the whole step; break-even = tokens per step "
               "(accepted + bonus) it needs to beat plain decoding", "batch | tree                 | nodes |  draft | "
               "verify |   step | break-even"]

@@ -44,6 +44,9 @@ class DraftOptions:
     """tree "auto": pick the tree per step from this machine's measured costs and live acceptance
     (dispatch.AdaptiveDispatcher; calibration cached per machine, model, precision and head); False = the
     static table by batch size (strategies.DEFAULT_TREE_TABLE)."""
+    max_lag: int = 16
+    """Paused (no-draft) steps whose draft pairs are recorded before the draft cache catches up in one forward
+    (proposer.EagleProposer); 0 = encode each at its step (what a paused step cost before; bench `lag=0`)."""
 
     def dispatcher(self) -> TreeDispatcher:
         """The tree strategy per batch size these options ask for (validated: options that do not apply to the
@@ -95,4 +98,4 @@ def build_proposer(target, opts: DraftOptions, dtype=None, dispatcher_factory=No
     if opts.tree == "auto" and opts.calibrate and dispatcher_factory is not None:
         trees = dispatcher_factory(target, head, head_dir, opts)
     return EagleProposer(head, trees, alignment=opts.alignment, draft_temperature=opts.draft_temperature,
-                         seed=opts.seed)
+                         seed=opts.seed, max_lag=opts.max_lag)
