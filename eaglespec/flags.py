@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from eaglespec.spec.strategies import TREE_KINDS
+
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "int8", "int4")  # int8/int4: packed, CPU
 # Training keeps float32/bfloat16: float16 has no autocast path in `train` and stores features lossily.
 TRAIN_DTYPES = ("float32", "fp32", "bfloat16", "bf16")
@@ -28,7 +30,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft", default=None,
                    help="EAGLE head directory, or 'none' for vanilla decoding (default: the shipped head for "
                         "the default model)")
-    d.add_argument("--tree", default="auto", choices=["auto", "chain", "static", "dynamic"],
+    d.add_argument("--tree", default="auto", choices=["auto", *(k for k, c in TREE_KINDS.items() if c.drafts)],
                    help="draft tree: auto = picked by batch size from the dispatcher table")
     d.add_argument("--depth", type=int, default=None, help="chain length / dynamic tree depth")
     d.add_argument("--topk", type=int, default=None, help="dynamic tree: children and expansions per level")

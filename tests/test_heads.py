@@ -294,6 +294,27 @@ def test_one_layer_head_matches_hand_computation(target, kind, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- save / load
+def _layer_names(prefix: str, input_norm: bool = True, hidden_norm: bool = False) -> list[str]:
+    names = [prefix + n for n in ("mlp.down_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                  "post_attention_layernorm.weight", "self_attn.k_proj.weight",
+                                  "self_attn.o_proj.weight", "self_attn.q_proj.weight", "self_attn.v_proj.weight")]
+    return names + [prefix + "input_layernorm.weight"] * input_norm + [prefix + "hidden_norm.weight"] * hidden_norm
+
+
+SAVED_TENSORS = {  # the on-disk names vLLM, SGLang and llama.cpp read: written out by hand, never derived
+    "eagle1": ["fc.bias", "fc.weight", *_layer_names("layers.0.", input_norm=False), *_layer_names("layers.1.")],
+    "eagle3": ["d2t", "fc.weight", "lm_head.weight", "norm.weight", "t2d",
+               *_layer_names("midlayer.", hidden_norm=True), *_layer_names("layers.1.")],
+}
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_saved_tensor_names_are_the_public_format(target, kind, tmp_path):
+    """Two-layer heads save exactly these tensor names (a public format: renaming a module breaks other engines)."""
+    save_head(make_head(target, kind, 2), tmp_path / "h")
+    assert sorted(load_file(str(tmp_path / "h" / "model.safetensors"))) == sorted(SAVED_TENSORS[kind])
+
+
 @pytest.mark.parametrize("kind,layers", KINDS_LAYERS)
 def test_save_load_round_trip(target, kind, layers, tmp_path):
     head = make_head(target, kind, layers)

@@ -18,7 +18,7 @@ from eaglespec.config import GenerationConfig
 from eaglespec.engine.generate import Engine, Request
 from eaglespec.spec.heads import DraftHead
 from eaglespec.spec.proposer import EagleProposer
-from eaglespec.spec.tree import EAGLE1_TREE_PATHS, TreeConfig
+from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, StaticTree
 from helpers import tiny_target, tiny_tokenizer
 
 READS = ("tolist", "item", "__int__", "__bool__", "__float__", "__index__")
@@ -55,8 +55,8 @@ def step_reads(tiny, tree, alignment="stable") -> dict:
     if tree is not None:
         torch.manual_seed(0)
         head = DraftHead.for_target(tiny.model, "eagle1", num_layers=1).eval()
-        cfg = {"none": TreeConfig.none(), "chain": TreeConfig.chain(3), "static": TreeConfig.static(EAGLE1_TREE_PATHS),
-               "dynamic": TreeConfig.dynamic(topk=3, depth=4, tree_tokens=10)}[tree]
+        cfg = {"none": NoDraft(), "chain": Chain(3), "static": StaticTree(),
+               "dynamic": DynamicTree(topk=3, depth=4, tree_tokens=10)}[tree]
         proposer = EagleProposer(head, cfg, alignment=alignment)
     engine = Engine(tiny, proposer, max_batch_size=2)
     ids = tiny_tokenizer().encode("The quick brown fox")

@@ -13,7 +13,7 @@ from eaglespec.runtime import quant
 from eaglespec.runtime.gguf_blocks import GGUFTypeError, read_quant_tensors, unpermute_rows
 from eaglespec.runtime.pack import pack_model
 from eaglespec.runtime.quant import KernelPlan, PackedLinear, calibrate_kernels, dequantize_int4
-from eaglespec.spec.tree import TreeConfig
+from eaglespec.spec.strategies import Chain, DynamicTree
 from helpers import tiny_target, tiny_tokenizer
 from test_speculative import PROMPTS, make_head
 
@@ -129,7 +129,7 @@ def packed_tiny(request):
     return target
 
 
-@pytest.mark.parametrize("tree", [TreeConfig.chain(4), TreeConfig.dynamic(topk=3, depth=4, tree_tokens=10)],
+@pytest.mark.parametrize("tree", [Chain(4), DynamicTree(topk=3, depth=4, tree_tokens=10)],
                          ids=["chain4", "dynamic"])
 def test_greedy_speculative_equals_vanilla_in_packed_precision(packed_tiny, tree):
     reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(32, ignore_eos=True)) for p in PROMPTS]

@@ -26,7 +26,7 @@ from eaglespec.cli import encode_prompt
 from eaglespec.config import GenerationConfig, SamplingParams
 from eaglespec.engine.generate import Engine, Request
 from eaglespec.spec.costmodel import CostTable
-from eaglespec.spec.dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher, tree_label
+from eaglespec.spec.dispatch import DEFAULT_CANDIDATES, AdaptiveDispatcher
 from eaglespec.spec.heads import DraftHead, save_head
 from eaglespec.spec.proposer import ReplayProposer
 from eaglespec.serve.server import ServerConfig, create_app
@@ -105,7 +105,7 @@ def spec_server(tmp_path_factory):
                          tmp_path_factory.mktemp("head"))
     # `serve`'s default: the acceptance-aware dispatcher (over hand-made costs here: no calibration in tests)
     costs = CostTable({(b, n): 0.01 + 0.001 * n * b for b in (1, 4) for n in (1, 2, 4, 8, 16)},
-                      {(b, tree_label(c)): 0.002 * c.num_nodes for b in (1, 4) for c in DEFAULT_CANDIDATES})
+                      {(b, c.label): 0.002 * c.num_nodes for b in (1, 4) for c in DEFAULT_CANDIDATES})
     proposer = build_proposer(target, DraftOptions(draft=str(head_dir)),
                               dispatcher_factory=lambda *_: AdaptiveDispatcher(costs, repick_every=2, probe_every=3))
     app = create_app(target, proposer, ServerConfig(MODEL, max_batch_size=4, max_queue=32, max_model_len=256))
@@ -331,7 +331,7 @@ def test_metrics_parse_and_count(spec_server):
     rounds = {k: v - before.get(k, 0) for k, v in after.items() if k[0] == "eaglespec_spec_tree_rounds_total"}
     assert sum(rounds.values()) == 11 == (after[("eaglespec_spec_target_forwards_total", ())]
                                           - before.get(("eaglespec_spec_target_forwards_total", ()), 0))
-    assert {dict(k[1])["tree"] for k, v in rounds.items() if v} <= {"none", *map(tree_label, DEFAULT_CANDIDATES)}
+    assert {dict(k[1])["tree"] for k, v in rounds.items() if v} <= {"none", *(c.label for c in DEFAULT_CANDIDATES)}
     assert after[("eaglespec_spec_predicted_speedup", ())] > 0
     for route, status in (("/v1/completions", "200"), ("/v1/completions", "400")):
         key = ("eaglespec_requests_total", (("route", route), ("status", status)))

@@ -18,7 +18,7 @@ from eaglespec.engine.generate import Engine, Request
 from eaglespec.spec.heads import DraftHead
 from eaglespec.spec.proposer import EagleProposer
 from eaglespec.spec.sampling import process_logits
-from eaglespec.spec.tree import TreeConfig
+from eaglespec.spec.strategies import Chain, StaticTree
 from helpers import tiny_target
 from stats import P_VALUE_MIN, chi_square
 
@@ -54,10 +54,10 @@ def exact_joint(target) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tree,draft_temperature", [
-    (TreeConfig.chain(2), 0.0),  # deterministic top-1 children
-    (TreeConfig.static([[0], [1], [2], [0, 0], [0, 1], [1, 0]]), 0.0),  # deterministic top-k children
-    (TreeConfig.chain(2), 1.0),  # children sampled from the draft
-    (TreeConfig.static([[0], [1], [0, 0], [0, 1], [1, 0]]), 0.8),  # sampled without replacement
+    (Chain(2), 0.0),  # deterministic top-1 children
+    (StaticTree([[0], [1], [2], [0, 0], [0, 1], [1, 0]]), 0.0),  # deterministic top-k children
+    (Chain(2), 1.0),  # children sampled from the draft
+    (StaticTree([[0], [1], [0, 0], [0, 1], [1, 0]]), 0.8),  # sampled without replacement
 ])
 def test_first_three_tokens_follow_the_vanilla_distribution(small, tree, draft_temperature):
     torch.manual_seed(0)

@@ -7,14 +7,14 @@ from eaglespec.config import GenerationConfig, SamplingParams
 from eaglespec.engine.generate import Engine, Request
 from eaglespec.spec.heads import DraftHead
 from eaglespec.spec.proposer import EagleProposer, ReplayProposer
-from eaglespec.spec.tree import EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
+from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, StaticTree, TreeDispatcher
 from helpers import tiny_target, tiny_tokenizer
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "1 2 3 4 5 6", "Café, naïve", "Speculative decoding"]
 TREES = {
-    "chain4": TreeConfig.chain(4),
-    "static": TreeConfig.static(EAGLE1_TREE_PATHS),
-    "dynamic": TreeConfig.dynamic(topk=3, depth=4, tree_tokens=10),
+    "chain4": Chain(4),
+    "static": StaticTree(),  # the EAGLE-1 reference tree
+    "dynamic": DynamicTree(topk=3, depth=4, tree_tokens=10),
 }
 
 
@@ -66,7 +66,7 @@ def test_alignment_schemes_keep_greedy_identity(tiny, vanilla, alignment, tree):
 
 def test_dispatcher_changes_tree_with_batch(tiny, vanilla):
     reqs, expected = vanilla
-    table = TreeDispatcher({1: TREES["dynamic"], 2: TREES["static"], 3: TreeConfig.chain(2)})
+    table = TreeDispatcher({1: TREES["dynamic"], 2: TREES["static"], 3: Chain(2)})
     proposer = EagleProposer(make_head(tiny, "eagle1"), table)
     with torch.inference_mode():
         got = Engine(tiny, proposer, max_batch_size=4).generate(reqs)
@@ -121,7 +121,7 @@ def test_dispatcher_can_pause_speculation_and_resume(tiny, vanilla):
     paused pairs were caught up), and greedy output stays identical."""
     reqs, expected = vanilla
     budgets = [40, 8, 10, 12, 9]
-    table = TreeDispatcher({1: TreeConfig.chain(3), 2: TreeConfig.none()})
+    table = TreeDispatcher({1: Chain(3), 2: NoDraft()})
     proposer = EagleProposer(make_head(tiny, "eagle3"), table)
     engine = Engine(tiny, proposer, max_batch_size=5, max_len=128)
     out = {i: [] for i in range(5)}
@@ -139,9 +139,6 @@ def test_dispatcher_can_pause_speculation_and_resume(tiny, vanilla):
                 assert torch.equal(proposer.cache.lengths[rows], engine.cache.lengths[rows])
     assert 1 in batch_sizes and 5 in batch_sizes  # both the paused and the drafting regime ran
     assert [out[i] for i in range(5)] == [e[:n] for e, n in zip(expected, budgets)]
-    assert TreeConfig.none().num_nodes == 1
-    with pytest.raises(ValueError, match="none"):
-        TreeConfig(kind="none", depth=2)
 
 
 @pytest.mark.parametrize("tree", ["chain4", "static"])

@@ -4,14 +4,9 @@ import pytest
 import torch
 
 from eaglespec.spec.tree import (
-    DEFAULT_TREE_TABLE,
     EAGLE1_TREE_PATHS,
     DraftTree,
     DynamicTreeBuilder,
-    TreeConfig,
-    TreeDispatcher,
-    chain_shape,
-    chain_tree,
     expand_static,
     leaf_paths,
     static_shape,
@@ -187,14 +182,6 @@ def test_invalid_paths_refused(paths, message):
         static_shape(paths)
 
 
-def test_chain_shape():
-    shape = chain_shape(3)
-    assert shape.parents == (-1, 0, 1, 2) and shape.depths == (0, 1, 2, 3)
-    assert all(lv.topk == 1 for lv in shape.levels)
-    with pytest.raises(ValueError):
-        chain_shape(0)
-
-
 def test_expand_static_by_hand():
     shape = static_shape([[0], [1], [0, 0], [0, 1], [1, 0]])
     # level 0: root's top-3 (one more column than needed: must be ignored)
@@ -212,16 +199,6 @@ def test_expand_static_by_hand():
     assert tree.valid.all() and tree.draft_q is None
     with pytest.raises(ValueError, match="level 1"):
         expand_static(shape, t([1, 2]), [tok0, tok1[:, :1]], [lp0, lp1])
-
-
-def test_chain_tree():
-    tree = chain_tree(t([7]), t([[1, 2, 3]]), torch.tensor([[-0.5, -1.0, -1.5]]))
-    tree.validate()
-    assert torch.equal(tree.tokens, t([[7, 1, 2, 3]])) and torch.equal(tree.parents, t([[-1, 0, 1, 2]]))
-    ref = expand_static(chain_shape(3), t([7]), [t([[[1]]]), t([[[2]]]), t([[[3]]])],
-                        [torch.tensor([[[-0.5]]]), torch.tensor([[[-1.0]]]), torch.tensor([[[-1.5]]])])
-    for name in ("tokens", "parents", "depth", "valid", "draft_logp"):
-        assert torch.equal(getattr(tree, name), getattr(ref, name))
 
 
 # ---------------------------------------------------------------- dynamic tree
@@ -386,59 +363,6 @@ def test_dynamic_builder_misuse():
     with pytest.raises(RuntimeError):
         b.add_level(t([[[1, 2], [3, 4]]]), torch.zeros(1, 2, 2))
     assert b.build().tokens.tolist() == [[5, 1, 2]]
-
-
-# ---------------------------------------------------------------- dispatcher
-
-
-def test_dispatcher_picks_configured_trees():
-    dyn = TreeConfig.dynamic(topk=4, depth=3, tree_tokens=12)
-    static = TreeConfig.static([[0], [1], [0, 0]])
-    chain = TreeConfig.chain(3)
-    d = TreeDispatcher.from_table({1: dyn, 2: static, 4: chain})
-    assert [d.pick(n) for n in (1, 2, 3, 4, 5, 1000)] == [dyn, static, static, chain, chain, chain]
-    assert static.shape().num_nodes == 4 and chain.shape().depths == (0, 1, 2, 3)
-    assert dyn.num_nodes == 13 and dyn.builder().tree_tokens == 12
-    with pytest.raises(ValueError):
-        d.pick(0)
-
-
-def test_dispatcher_from_plain_data():
-    d = TreeDispatcher.from_table([
-        ("1", {"kind": "static", "paths": [[0], [1], [0, 0]]}),
-        (3, {"kind": "chain", "depth": 2}),
-    ])
-    assert d.pick(2).kind == "static" and d.pick(2).depth == 2 and d.pick(2).paths == ((0,), (1,), (0, 0))
-    assert d.pick(3) == TreeConfig.chain(2)
-
-
-@pytest.mark.parametrize("table, message", [
-    ({}, "at least one"),
-    ({2: TreeConfig.chain(3)}, "batch size 1"),
-    ([(1, TreeConfig.chain(3)), (4, TreeConfig.chain(2)), (2, TreeConfig.chain(1))], "increasing"),
-    ([(1, TreeConfig.chain(3)), (1, TreeConfig.chain(2))], "increasing"),
-    ({0: TreeConfig.chain(3)}, ">= 1"),
-    ({1: "chain3"}, "TreeConfig"),
-    ({1: {"kind": "tree"}}, "kind"),
-    ({1: {"kind": "chain", "depth": 0}}, "depth"),
-    ({1: {"kind": "static", "paths": [[0, 0]]}}, "missing"),
-    ({1: {"kind": "dynamic", "topk": 2, "depth": 2, "tree_tokens": 9}}, "exceeds"),
-    ({1: {"kind": "chain", "depth": 2, "width": 3}}, "unknown"),
-])
-def test_dispatcher_rejects_bad_tables(table, message):
-    with pytest.raises(ValueError, match=message):
-        TreeDispatcher.from_table(table)
-
-
-def test_default_table_is_valid():
-    d = TreeDispatcher(DEFAULT_TREE_TABLE)
-    assert d.pick(1).num_nodes >= 2  # batch 1 drafts; larger batches may pause speculation ('none')
-    for n in (1, 2, 3, 4, 64):
-        cfg = d.pick(n)
-        if cfg.kind == "none":
-            assert cfg.num_nodes == 1
-        else:
-            assert (cfg.builder() if cfg.kind == "dynamic" else cfg.shape()).num_nodes == cfg.num_nodes
 
 
 def test_root_only_and_select():

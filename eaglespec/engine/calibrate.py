@@ -62,11 +62,13 @@ def _time(fn, warmup: int = 1, reps: int = 2) -> float:
 
 @torch.inference_mode()
 def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
-                   prefix: int | None = None) -> dict[tuple[int, int], float]:
+                   prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
     """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
-    cached tokens (the minimum of 3 timed runs after a warm-up)."""
+    cached tokens (the minimum of 2 timed runs after a warm-up). Points that cost more than a larger forward
+    (``CostTable.stalled``: the machine stalled) are measured again, up to ``retries`` rounds."""
     batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
     out: dict[tuple[int, int], float] = {}
+    forwards = {}  # (b, n) -> the forward to time
     dev = model.device
     for b in batches:
         cache = model.new_cache(b, prefix + max(tokens) + 1)
@@ -78,14 +80,23 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
             t = torch.randint(0, model.args.vocab_size, (b, n), device=dev)
             pos = (prefix + torch.arange(n, device=dev)).expand(b, -1)
             mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)).expand(b, n, n) if n > 1 else None
-            out[(b, n)] = _time(lambda: model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all"))
+            forwards[(b, n)] = (lambda t=t, pos=pos, cache=cache, rows=rows, mask=mask:
+                                model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all"))
+            out[(b, n)] = _time(forwards[(b, n)])
+    for _ in range(retries):
+        stalled = CostTable(out, {}).stalled()
+        if not stalled:
+            break
+        log.info("calibration: measuring %d stalled point(s) again: %s", len(stalled), stalled)
+        for k in stalled:
+            out[k] = min(out[k], _time(forwards[k], warmup=0))
     return out
 
 
 @torch.inference_mode()
 def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
                   steps: int = 4) -> dict[tuple[int, str], float]:
-    """Seconds of drafting per step for each candidate (label -> tree config) at each batch size: the engine
+    """Seconds of drafting per step for each candidate (label -> tree strategy) at each batch size: the engine
     runs ``steps`` decode steps with that tree on a fixed prompt (after a warm-up run) and reports draft_s."""
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
@@ -95,7 +106,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     prompt = list(range(5, 5 + min(PREFIX, 64)))
     measured = sorted({batches[0], batches[-1]})  # drafting grows slowly with batch: interpolate between
     for label, tree in candidates.items():
-        if label == "none":
+        if not tree.drafts:  # a plain step drafts nothing
             continue
         for b in measured:
             engine = Engine(target, make_proposer(tree), max_batch_size=b)
@@ -167,7 +178,7 @@ def calibration_candidates(opts) -> list:
     dynamic tree's rerank breaks the sampled-children rule)."""
     from eaglespec.spec.dispatch import DEFAULT_CANDIDATES
 
-    return [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.kind != "dynamic"]
+    return [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.samples_children]
 
 
 def head_fingerprint(head_dir: Path) -> str:
@@ -182,14 +193,13 @@ def calibration_for(target, head, head_dir: Path, opts, recalibrate: bool = Fals
     """(this machine's cost table for the target and head, measured_now): cached, measured when missing or
     when ``recalibrate`` (``eaglespec calibrate --force``)."""
     from eaglespec.runtime.loading import cache_root
-    from eaglespec.spec.dispatch import tree_label
     from eaglespec.spec.proposer import EagleProposer
 
     def make(tree):
         return EagleProposer(head, tree, alignment=opts.alignment)
 
     cands = calibration_candidates(opts)
-    costs, measured = load_or_calibrate(target, make, {tree_label(c): c for c in cands}, cache_root(),
+    costs, measured = load_or_calibrate(target, make, {c.label: c for c in cands}, cache_root(),
                                         head_id=head_fingerprint(head_dir),
                                         precision=getattr(target.model, "precision", "?"), recalibrate=recalibrate)
     if measured:
@@ -209,23 +219,28 @@ def adaptive_dispatcher(target, head, head_dir: Path, opts):
 def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
     """The table `eaglespec calibrate` prints: verify(b, n) per batch size, then per candidate tree its draft
     and step cost and the tokens per step it needs to beat plain decoding (step / verify(b, 1))."""
-    from eaglespec.spec.dispatch import tree_label
-
     batches = sorted({b for b, _ in costs.verify})
     ns = sorted({n for _, n in costs.verify})
     lines = [f"machine: {costs.fingerprint}", "",
-             "verify(b, n): ms of one target forward of n tokens per row at batch b",
-             "batch | " + " | ".join(f"n={n:<4d}" for n in ns)]
+             "verify(b, n): ms of one target forward of n tokens per row at batch b (* = capped by a larger "
+             "forward's measurement: a stall)",
+             "batch | " + " | ".join(f"n={n:<5d}" for n in ns)]
+
+    def cell(b: int, n: int) -> str:
+        if (b, n) not in costs.verify:
+            return "      -"
+        used = costs.envelope[(b, n)]
+        return f"{1e3 * used:6.2f}" + ("*" if used < costs.verify[(b, n)] else " ")
+
     for b in batches:
-        lines.append(f"{b:5d} | " + " | ".join(f"{1e3 * costs.verify[(b, n)]:6.2f}" if (b, n) in costs.verify
-                                                else "     -" for n in ns))
+        lines.append(f"{b:5d} | " + " | ".join(cell(b, n) for n in ns))
     lines += ["", "per tree: ms of drafting, of verifying its nodes, of the whole step; break-even = tokens per step "
               "(accepted + bonus) it needs to beat plain decoding", "batch | tree                 | nodes |  draft | "
               "verify |   step | break-even"]
     for b in batches:
         v1 = costs.verify_cost(b, 1)
         for c in candidates:
-            label = tree_label(c)
+            label = c.label
             draft = costs.draft_cost(b, label)
             if draft is None:
                 continue

@@ -24,6 +24,7 @@ from eaglespec.runtime.kvcache import HostRows
 from eaglespec.spec.sampling import draw_uniforms, process_logits
 from eaglespec.engine.stats import SequenceStats
 from eaglespec.engine.stopping import StopChecker
+from eaglespec.spec.strategies import NoDraft
 from eaglespec.spec.tree import DraftTree, tree_mask, tree_positions
 from eaglespec.spec.verify import Verdict, verify_greedy, verify_sampling
 
@@ -60,7 +61,7 @@ class Proposer(Protocol):
         """The sequences in these rows finished: their draft state may be dropped."""
 
     # Optional, read after each propose() for the sequences' stats (absent = not reported):
-    # step_label: str, the tree drafted (dispatch.tree_label); step_choice: costmodel.Choice | None, the cost
+    # step_label: str, the tree drafted (its strategy's label); step_choice: costmodel.Choice | None, the cost
     # model's prediction for it (adaptive dispatch).
 
 
@@ -108,6 +109,9 @@ class _Sequence:
     finish_reason: str | None = None
     stats: SequenceStats = field(default_factory=SequenceStats)
     start: float = 0.0
+
+
+NO_DRAFT = NoDraft()  # vanilla decoding: the same step with the root alone
 
 
 def draft_seed(seed: int) -> int:
@@ -289,7 +293,7 @@ class Engine:
         out = self.model(tokens, positions, self.cache, rows=rows, logits_at=(lengths - 1)[:, None],
                          hidden_indices=hidden_indices, prefill=True)
         self.cache.advance(rows, lengths)
-        root = DraftTree.root_only(tokens[:, :1])
+        root, _ = NO_DRAFT.draft(None, tokens[:, 0])
         verdict = self._verify(seqs, root, out.logits)  # [B, 1, V] logits -> first new token
         if self.proposer is not None:
             self.proposer.prefill(rows, tokens, lengths, out, verdict.bonus, seeds=[draft_seed(s.seed) for s in seqs])
@@ -348,7 +352,7 @@ class Engine:
             label = getattr(self.proposer, "step_label", None)
             choice = getattr(self.proposer, "step_choice", None)
         else:
-            tree = DraftTree.root_only(pending[:, None])
+            tree, _ = NO_DRAFT.draft(None, pending)
             hidden_indices, label, choice = (), None, None
         self._sync()
         t1 = time.perf_counter()

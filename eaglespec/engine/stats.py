@@ -8,7 +8,7 @@ training eval, diagnose):
 - `accepted_per_position[d]` = verification rounds in which the draft token at depth d + 1 was accepted
   (counts); `acceptance_by_position()` = those counts / rounds (rates);
 - `prefill_s`, `draft_s` (drafting + draft-KV commit), `verify_s` (target forward + verification), `wall_s`;
-- `tree_rounds[label]` = verification rounds run with each tree (`dispatch.tree_label`: "chain3", "none" for a
+- `tree_rounds[label]` = verification rounds run with each tree (the strategy's `label`: "chain3", "none" for a
   plain step while the dispatcher paused drafting, ...);
 - `predicted_speedup`: what the cost model predicted for the trees the dispatcher chose (adaptive dispatch
   only): predicted tokens per second over calibrated plain tokens per second, summed over the rounds before

@@ -24,8 +24,9 @@ Protocol (docs/BENCHMARKS.md says the same with the commands):
 Methods (`--methods`, comma separated; options of an `eagle:` method may contain commas):
   vanilla                 the engine without a proposer: the speedup denominator
   eagle[:OPTS]            EAGLE head + tree (default: the shipped head, dispatcher trees). OPTS: chainK,
-                          static, dynamic, auto, depth=N, topk=N, tokens=N, head=DIR, align=stable|last,
-                          dtemp=X (draft temperature); e.g. eagle:dynamic,depth=6,topk=8,tokens=32
+                          static, dynamic, auto, none, depth=N, topk=N, tokens=N, head=DIR, align=stable|last,
+                          dtemp=X (draft temperature), lag=N (paused steps recorded before the draft cache
+                          catches up; 0 = encode each); e.g. eagle:dynamic,depth=6,topk=8,tokens=32
   hf                      transformers generate() on the same weights and precision
   hf-prompt-lookup[:N]    transformers prompt-lookup decoding, N draft tokens (default 10); batch 1 only
   llama.cpp               llama-cpp-python on the default GGUF (skipped when it is not installed)
@@ -113,6 +114,7 @@ def split_methods(text: str) -> list[str]:
 def parse_method(text: str, seed: int | None = None) -> Method:
     """`eagle:dynamic,depth=6,topk=8,tokens=32` -> Method(kind="eagle", draft=DraftOptions(...))."""
     from eaglespec.spec.speculative import DraftOptions
+    from eaglespec.spec.strategies import TREE_KINDS, Chain
 
     kind, _, opts = text.partition(":")
     if kind in ("vanilla", "hf", "llama.cpp", "vllm") and not opts:
@@ -130,28 +132,32 @@ def parse_method(text: str, seed: int | None = None) -> Method:
     for opt in filter(None, opts.split(",")):
         key, eq, value = opt.partition("=")
         try:
-            if opt in ("static", "dynamic", "auto", "chain", "none"):
+            if opt == "auto" or opt in TREE_KINDS:
                 kw["tree"] = opt
             elif re.fullmatch(r"chain\d+", opt):
-                kw["tree"], kw["depth"] = "chain", int(opt[5:])
+                kw["tree"], kw["depth"] = Chain.kind, int(opt[5:])
             elif eq and key in names:
                 kw[names[key]] = int(value)
             elif eq and key == "head":
                 kw["draft"] = value
             elif eq and key == "align":
                 kw["alignment"] = value
+            elif eq and key == "lag":
+                kw["max_lag"] = int(value)
             elif eq and key == "dtemp":
                 kw["draft_temperature"] = float(value)
             else:
                 raise BenchError(f"method {text!r}: unknown eagle option {opt!r} (chainK, static, dynamic, auto, "
-                                 f"depth=, topk=, tokens=, head=, align=, dtemp=)")
+                                 f"depth=, topk=, tokens=, head=, align=, dtemp=, lag=)")
         except ValueError as e:
             raise BenchError(f"method {text!r}: bad value in {opt!r} ({e})") from None
     opts_obj = DraftOptions(**kw)
     try:
-        opts_obj.tree_config()
+        opts_obj.dispatcher()
     except ValueError as e:
         raise BenchError(f"method {text!r}: {e}") from None
+    if opts_obj.max_lag < 0:
+        raise BenchError(f"method {text!r}: lag must be >= 0")
     if opts_obj.alignment not in ("stable", "last"):
         raise BenchError(f"method {text!r}: align must be stable or last")
     return Method(text, "eagle", draft=opts_obj)
@@ -446,13 +452,11 @@ def measured_speedup(rec: dict, vanilla: dict) -> float | None:
 def auto_tree(dispatcher, o: Output) -> tuple[str, float, int]:
     """("auto", mean nodes verified per round, deepest tree) of one sequence under the adaptive dispatcher,
     from the rounds it ran per tree label."""
-    from eaglespec.spec.dispatch import tree_label
-
-    shapes = {tree_label(c): c for c in dispatcher.configs}
+    shapes = {c.label: c for c in dispatcher.configs}
     rounds = o.dispatch.get("tree_rounds") or {}
     n = sum(rounds.values())
     nodes = sum(shapes[k].num_nodes * v for k, v in rounds.items()) / n if n else 1.0
-    depth = max((shapes[k].depth for k in rounds), default=0)
+    depth = max((shapes[k].max_depth for k in rounds), default=0)
     return "auto", round(nodes, 3), depth
 
 
@@ -640,12 +644,13 @@ class Bench:
             if hasattr(d, "observe"):
                 return "auto", None, None
             c = d.pick(batch)
-            desc = {"none": "no draft", "chain": f"chain{c.depth}", "static": f"static({c.num_nodes - 1} nodes)",
-                    "dynamic": f"dynamic(topk={c.topk},depth={c.depth},tokens={c.tree_tokens})"}[c.kind]
-            return desc, c.num_nodes, c.depth
+            return c.label, c.num_nodes, c.max_depth
         if m.kind in ("replay", "hf-prompt-lookup", "vllm-eagle", "llama.cpp-eagle"):
             return f"{'lookup' if m.kind == 'hf-prompt-lookup' else 'chain'}{m.k}", m.k + 1, m.k
-        return "none", 1, 0
+        from eaglespec.spec.strategies import NoDraft
+
+        plain = NoDraft()
+        return plain.label, plain.num_nodes, plain.max_depth
 
     # ---------------------------------------------------------------------------------- the loop
     def run(self) -> Path:
@@ -738,17 +743,17 @@ class Bench:
                     self._record(q, turn, m, batch, temp, p, o, shape)
 
     def _record(self, q, turn: int, m: Method, batch: int, temp: float, prompt: list[int], o: Output,
-                tree: tuple[str, int, int]) -> None:
+                tree: tuple[str, float, int]) -> None:
         cfg = self.cfg
         out = asdict(o)
+        dispatch = out.pop("dispatch")
         rec = {"dataset": q.dataset, "question_id": q.question_id, "turn": turn, "method": m.name,
                "batch_size": batch, "temperature": temp, "seed": cfg.seed, "category": q.category,
                "method_kind": m.kind, "exact": m.exact, "tree": tree[0], "tree_nodes": tree[1], "tree_depth": tree[2],
                "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens, "ignore_eos": cfg.ignore_eos,
-               "prompt_tokens": len(prompt), "new_tokens": len(o.token_ids), **out, **out.pop("dispatch"),
+               "prompt_tokens": len(prompt), "new_tokens": len(o.token_ids), **out, **dispatch,
                "measured_speedup": None, "mismatch": None, "first_mismatch": None, "model": self.target.name,
                "machine": self.machine, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        del rec["dispatch"]
         for k in ("wall_s", "batch_wall_s", "prefill_s", "draft_s", "verify_s"):
             if rec[k] is not None:
                 rec[k] = round(rec[k], 6)

@@ -142,8 +142,9 @@ def diagnose(target, head_dir: str, questions, steps: int = 5, max_new_tokens: i
     from eaglespec.engine.generate import Engine, Request
     from eaglespec.measure.report import acceptance_by_position, tau
     from eaglespec.spec.speculative import DraftOptions, build_proposer
+    from eaglespec.spec.strategies import Chain
 
-    proposer = build_proposer(target, DraftOptions(draft=head_dir, tree="chain", depth=steps))
+    proposer = build_proposer(target, DraftOptions(draft=head_dir, tree=Chain.kind, depth=steps))
     head = proposer.head
     engine = Engine(target, proposer=proposer)
     stats = [StepStats() for _ in range(steps)]

@@ -5,7 +5,9 @@ Every per-step input is an argument of ``Transformer.forward``: tokens, rotary p
 the block (tree) mask and which rows need logits. See docs/ARCHITECTURE.md for the contract.
 
 Reusable pieces for draft heads: ``rms_norm`` / ``RMSNorm``, ``Rotary`` + ``apply_rotary``,
-``plan_attention`` + ``cached_attention`` (attention of new tokens over a ``KVCache``).
+``plan_attention`` + ``cached_attention`` (attention of new tokens over a ``KVCache``), and ``decoder_layer``:
+the one implementation of a decoder layer, run by the target's layers, the draft heads' layers and the
+training-time unroll, each giving its own weights (``LayerWeights``) and where its keys live (``attend``).
 
 Sliding-window attention (Mistral, Qwen with ``use_sliding_window``) is not implemented in the mask:
 while the context fits in the window it is identical to full attention, and a forward that would make
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +46,10 @@ __all__ = [
     "StateDictMismatchError",
     "Transformer",
     "UnsupportedModelError",
+    "LayerWeights",
     "apply_rotary",
     "cached_attention",
+    "decoder_layer",
     "plan_attention",
     "rms_norm",
 ]
@@ -443,9 +447,49 @@ def cached_attention(
     return out.transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
 
 
+# ======================================================================================= the decoder layer
+class LayerWeights(Protocol):
+    """The weights of one decoder layer, as ``decoder_layer`` uses them (``prefill``: packed weights may pick
+    their prompt kernel; other layers ignore it)."""
+
+    n_heads: int  # query heads
+
+    def attn_input(self, x: Tensor, emb: Tensor | None) -> Tensor:
+        """[B, T, H] residual stream (and token embeddings, for layers that read them) -> attention input."""
+
+    def project_qkv(self, a: Tensor, prefill: bool = False) -> tuple[Tensor, Tensor]:
+        """Attention input -> (q and k [B, T, Hq + Hkv, D], normed but not rotated; v [B, T, Hkv, D])."""
+
+    def project_out(self, o: Tensor, prefill: bool = False) -> Tensor:
+        """Attention output [B, T, Hq * D] -> [B, T, H]."""
+
+    def feed_forward(self, x: Tensor, prefill: bool = False) -> Tensor:
+        """Residual stream [B, T, H] -> the MLP's contribution [B, T, H] (its pre-norm included)."""
+
+
+Attend = Callable[[Tensor, Tensor, Tensor, int], Tensor]
+"""attend(q [B, T, Hq, D], k, v [B, T, Hkv, D], layer index) -> [B, T, Hq * D]: stores the new keys and values
+wherever this forward keeps them (a ``KVCache`` layer, a list during training) and attends over them."""
+
+
+def decoder_layer(weights: LayerWeights, index: int, x: Tensor, rope: tuple[Tensor, Tensor], attend: Attend,
+                  emb: Tensor | None = None, prefill: bool = False) -> Tensor:
+    """One pre-norm decoder layer over the residual stream x [B, T, H]; returns the new stream.
+
+    x += o_proj(attention(rotary(q), rotary(k), v)) from the layer's attention input, then x += mlp(norm(x)).
+    The only implementation in the project: the target (``DecoderLayer``), the draft heads (``HeadLayer``)
+    and training's unroll differ only in their weights and in ``attend``.
+    """
+    qk, v = weights.project_qkv(weights.attn_input(x, emb), prefill)
+    qk = apply_rotary(qk, *rope)  # [B, T, Hq + Hkv, D]
+    nh = weights.n_heads
+    x = x + weights.project_out(attend(qk[:, :, :nh], qk[:, :, nh:], v, index), prefill)
+    return x + weights.feed_forward(x, prefill)
+
+
 # =============================================================================================== the model
 class DecoderLayer(nn.Module):
-    """Pre-norm decoder layer with fused q/k/v and gate/up projections."""
+    """The target's layer weights (``LayerWeights``), with fused q/k/v and gate/up projections."""
 
     def __init__(self, args: ModelArgs, dtype: torch.dtype, device: torch.device | str | None) -> None:
         super().__init__()
@@ -468,22 +512,24 @@ class DecoderLayer(nn.Module):
         self.w2 = param(h, inter)
         self.b2 = param(h) if args.mlp_bias else None
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, layer: int,
-                plan: AttentionPlan, prefill: bool = False) -> Tensor:
-        """x: [B, T, H] residual stream in, residual stream out (a new tensor). ``prefill`` lets packed weights
-        pick their prompt kernel (runtime/quant.py)."""
-        batch, n_new, _ = x.shape
+    def attn_input(self, x: Tensor, emb: Tensor | None = None) -> Tensor:
+        return rms_norm(x, self.attn_norm, self.eps)
+
+    def project_qkv(self, a: Tensor, prefill: bool = False) -> tuple[Tensor, Tensor]:
+        batch, n_new, _ = a.shape
         nh, nkv = self.n_heads, self.n_kv_heads
-        qkv = linear(rms_norm(x, self.attn_norm, self.eps), self.wqkv, self.bqkv, prefill)
-        qkv = qkv.view(batch, n_new, nh + 2 * nkv, self.head_dim)  # [B, T, heads, D]
-        qk = qkv[:, :, : nh + nkv]
+        qkv = linear(a, self.wqkv, self.bqkv, prefill).view(batch, n_new, nh + 2 * nkv, self.head_dim)
+        qk = qkv[:, :, : nh + nkv]  # [B, T, H + Hkv, D]
         if self.qk_norm is not None:
             qk = rms_norm(qk, self.qk_norm, self.eps)
-        qk = apply_rotary(qk, *rope)  # [B, T, H + Hkv, D]
-        attn = cached_attention(qk[:, :, :nh], qk[:, :, nh:], qkv[:, :, nh + nkv:], cache, layer, plan=plan)
-        x = x + linear(attn, self.wo, self.bo, prefill)
+        return qk, qkv[:, :, nh + nkv:]
+
+    def project_out(self, o: Tensor, prefill: bool = False) -> Tensor:
+        return linear(o, self.wo, self.bo, prefill)
+
+    def feed_forward(self, x: Tensor, prefill: bool = False) -> Tensor:
         gate, up = linear(rms_norm(x, self.mlp_norm, self.eps), self.w13, self.b13, prefill).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.w2, self.b2, prefill)
+        return linear(F.silu(gate) * up, self.w2, self.b2, prefill)
 
 
 @dataclass
@@ -664,8 +710,12 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tokens)  # [B, T, H]
         wanted = set(hidden_indices)
         saved: dict[int, Tensor] = {0: x} if 0 in wanted else {}
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
+            return cached_attention(q, k, v, cache, i, plan=plan)
+
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, cache, i, plan, prefill)
+            x = decoder_layer(layer, i, x, rope, attend, prefill=prefill)
             if i + 1 in wanted:
                 saved[i + 1] = x
         hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)  # [B, T, H]

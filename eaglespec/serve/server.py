@@ -470,7 +470,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
     opts = draft_options(args)  # refuse bad tree flags before the slow model load
-    opts.tree_config()
+    opts.dispatcher()
     t0 = time.perf_counter()
     target = load_target(args.model, dtype=args.dtype, device=args.device)
     log.info("loaded %s (%s, %s) in %.1f s", target.name, args.dtype, args.device, time.perf_counter() - t0)

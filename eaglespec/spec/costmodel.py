@@ -24,6 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eaglespec.spec.strategies import NoDraft
+
+PLAIN = NoDraft().label
+"""The label of a plain step (no drafting): speedup 1 by definition."""
+
 __all__ = ["AcceptanceTracker", "CostTable", "Choice", "chain_expected_tokens", "choose", "predicted_speedup", "score"]
 
 
@@ -39,23 +44,40 @@ def chain_expected_tokens(accept: Sequence[float], depth: int) -> float:
 @dataclass
 class CostTable:
     """Measured seconds: ``verify[(b, n)]`` a target forward of n tokens per row at batch b, ``draft[(b, s)]``
-    the drafting of shape label s at batch b (0 for ``none``). Missing entries are interpolated along n."""
+    the drafting of shape label s at batch b (0 for ``none``). Missing entries are interpolated along n.
+
+    The model uses the verify costs through ``envelope``: a forward of more rows or more tokens cannot cost
+    less, and on a shared machine a stall only ever adds time, so each verify(b, n) is capped by the
+    measurements at every b' >= b and n' >= n. One stalled measurement of verify(b, 1) would otherwise make
+    every tree look profitable at that batch size (seen: 4.8 s instead of 65 ms on a loaded 2-core CPU).
+    The cap is a last resort (it leaves verify(b, 1) at verify(b, 2), which still flatters drafting):
+    calibration measures again the points ``stalled`` finds before it keeps a table."""
 
     verify: dict[tuple[int, int], float]
     draft: dict[tuple[int, str], float]
     fingerprint: str = ""
+    envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.envelope = {(b, n): min(s for (b2, n2), s in self.verify.items() if b2 >= b and n2 >= n)
+                         for b, n in self.verify}
 
     def verify_cost(self, batch: int, n: int) -> float:
         b = self._batch(batch)
-        ns = sorted(k[1] for k in self.verify if k[0] == b)
+        v = self.envelope
+        ns = sorted(k[1] for k in v if k[0] == b)
         if n in ns:
-            return self.verify[(b, n)]
+            return v[(b, n)]
         lo = max((x for x in ns if x < n), default=ns[0])
         hi = min((x for x in ns if x > n), default=ns[-1])
         if lo == hi:  # outside the measured range: scale the nearest linearly in n
-            return self.verify[(b, lo)] * n / lo
+            return v[(b, lo)] * n / lo
         t = (n - lo) / (hi - lo)
-        return (1 - t) * self.verify[(b, lo)] + t * self.verify[(b, hi)]
+        return (1 - t) * v[(b, lo)] + t * v[(b, hi)]
+
+    def stalled(self, factor: float = 1.2) -> list[tuple[int, int]]:
+        """Verify measurements more than ``factor`` times a larger forward's: stalls to measure again."""
+        return sorted(k for k, s in self.verify.items() if s > factor * self.envelope[k])
 
     def draft_cost(self, batch: int, label: str) -> float | None:
         return self.draft.get((self._batch(batch), label))
@@ -137,7 +159,7 @@ class Choice:
 
 def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expected_tokens: float) -> float | None:
     """E[tokens] * verify(b, 1) / (draft + verify(b, nodes)); None when the shape's draft cost is unmeasured."""
-    if label == "none":
+    if label == PLAIN:
         return 1.0
     draft = costs.draft_cost(batch, label)
     if draft is None:
@@ -148,8 +170,8 @@ def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expe
 def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, tracker: AcceptanceTracker
           ) -> Choice | None:
     """The prediction for one shape (``none``: speedup 1); None when its draft cost is unmeasured."""
-    if label == "none":
-        return Choice("none", 1.0, 1.0, costs.verify_cost(batch, 1))
+    if label == PLAIN:
+        return Choice(PLAIN, 1.0, 1.0, costs.verify_cost(batch, 1))
     e = tracker.expected_tokens(label, depth)
     s = predicted_speedup(costs, batch, label, nodes, e)
     if s is None:
@@ -161,9 +183,9 @@ def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int
            margin: float = 1.0) -> Choice:
     """The candidate (label -> (nodes, depth)) with the best predicted speedup; ``none`` unless something
     beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise)."""
-    best = score(costs, batch, "none", 1, 0, tracker)
+    best = score(costs, batch, PLAIN, 1, 0, tracker)
     for label, (nodes, depth) in candidates.items():
-        c = None if label == "none" else score(costs, batch, label, nodes, depth, tracker)
-        if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == "none" else 1.0):
+        c = None if label == PLAIN else score(costs, batch, label, nodes, depth, tracker)
+        if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == PLAIN else 1.0):
             best = c
     return best

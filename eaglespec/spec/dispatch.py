@@ -19,48 +19,33 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from eaglespec.spec.costmodel import AcceptanceTracker, Choice, CostTable, choose, score
-from eaglespec.spec.tree import TreeConfig
+from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, TreeStrategy
 
-__all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES", "tree_label"]
-
-
-def tree_label(cfg: TreeConfig) -> str:
-    if cfg.kind == "chain":
-        return f"chain{cfg.depth}"
-    if cfg.kind == "dynamic":
-        return f"dynamic{cfg.depth}x{cfg.topk}:{cfg.tree_tokens}"
-    if cfg.kind == "static":
-        return f"static{cfg.num_nodes}"
-    return "none"
+__all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES"]
 
 
-def _depth(cfg: TreeConfig) -> int:
-    return cfg.depth  # 0 for none; static configs derive it from their paths
-
-
-DEFAULT_CANDIDATES: tuple[TreeConfig, ...] = (
-    TreeConfig.chain(1), TreeConfig.chain(2), TreeConfig.chain(3), TreeConfig.chain(4), TreeConfig.chain(6),
-    TreeConfig.dynamic(topk=4, depth=5, tree_tokens=16),
+DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
+    Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
 )
 
 
 class AdaptiveDispatcher:
-    """``pick(batch_size) -> TreeConfig`` like ``tree.TreeDispatcher``, plus ``observe`` after verification."""
+    """``pick(batch_size) -> TreeStrategy`` like ``strategies.TreeDispatcher``, plus ``observe`` after verification."""
 
-    def __init__(self, costs: CostTable, candidates: Sequence[TreeConfig] = DEFAULT_CANDIDATES,
+    def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
                  margin: float = 1.02):
         if repick_every < 1 or probe_every < 1:
             raise ValueError("repick_every and probe_every must be >= 1")
         self.costs = costs
-        self.candidates = {tree_label(c): c for c in candidates if c.kind != "none"}
-        self.none = TreeConfig.none()
+        self.candidates = {c.label: c for c in candidates if c.drafts}
+        self.none = NoDraft()
         self.pooled = prior or AcceptanceTracker()
         self.rows: dict[int, AcceptanceTracker] = {}
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.last: Choice | None = None
         self.step: Choice | None = None
-        self._current: TreeConfig = self.none
+        self._current: TreeStrategy = self.none
         self._steps = 0
         self._since_draft = 0
         self._active_rows: list[int] = []
@@ -69,7 +54,7 @@ class AdaptiveDispatcher:
         return f"AdaptiveDispatcher(candidates={list(self.candidates)}, calibrated on {self.costs.fingerprint!r})"
 
     @property
-    def configs(self) -> list[TreeConfig]:
+    def configs(self) -> list[TreeStrategy]:
         return [self.none, *self.candidates.values()]
 
     # ---------------------------------------------------------------------------------------- per row
@@ -82,17 +67,16 @@ class AdaptiveDispatcher:
     def end_row(self, row: int) -> None:
         self.rows.pop(row, None)
 
-    def observe(self, rows: Sequence[int], cfg: TreeConfig, n_accepted: Sequence[int]) -> None:
+    def observe(self, rows: Sequence[int], cfg: TreeStrategy, n_accepted: Sequence[int]) -> None:
         """After verifying ``cfg`` for these rows: accepted draft tokens per row."""
-        if cfg.kind == "none":
+        if not cfg.drafts:
             return
-        label = tree_label(cfg)
         for r, k in zip(rows, n_accepted):
             for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pooled):
-                if cfg.kind == "chain":
+                if isinstance(cfg, Chain):  # a chain's acceptance is per depth; other trees' per shape
                     t.update_chain(cfg.depth, k)
                 else:
-                    t.update_shape(label, k + 1.0)
+                    t.update_shape(cfg.label, k + 1.0)
 
     # ----------------------------------------------------------------------------------------- choice
     def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
@@ -105,21 +89,21 @@ class AdaptiveDispatcher:
             shapes[label] = (sum(s / w for s, w in have) / len(have), 1.0)
         return AcceptanceTracker(1.0, tuple(rates), 1.0, shape_tokens=shapes)
 
-    def pick(self, batch_size: int, rows: Sequence[int] | None = None) -> TreeConfig:
+    def pick(self, batch_size: int, rows: Sequence[int] | None = None) -> TreeStrategy:
         rows = rows if rows is not None else list(self.rows)
         if self._steps % self.repick_every == 0 or self.last is None:
             tracker = self._batch_tracker(rows)
-            cands = {label: (c.num_nodes, _depth(c)) for label, c in self.candidates.items()}
+            cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
             self.last = choose(self.costs, batch_size, cands, tracker, self.margin)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
-        if cfg.kind == "none":
+        if not cfg.drafts:
             self._since_draft += 1
             if self._since_draft >= self.probe_every and self.candidates:
                 self._since_draft = 0
                 cfg = min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
-                self.step = score(self.costs, batch_size, tree_label(cfg), cfg.num_nodes, _depth(cfg),
+                self.step = score(self.costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
                                   self._batch_tracker(rows)) or self.last
         else:
             self._since_draft = 0

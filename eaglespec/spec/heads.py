@@ -21,9 +21,9 @@ whose ids map to target ids through ``d2t`` offsets.
 The embedding table (and for EAGLE-1 the lm_head) belong to the target: the head holds them as
 non-persistent buffers, so they are neither trained (not in ``parameters()``) nor saved.
 
-The decoder layers reuse the target runtime's pieces (``rms_norm``, ``Rotary``/``apply_rotary``,
-``plan_attention``/``cached_attention`` on a ``KVCache``); weights are plain trainable ``nn.Linear``s named
-as on disk, so ``head.state_dict()`` is exactly the saved tensor set.
+The decoder layers run the target runtime's one ``decoder_layer`` (with ``Rotary``, ``plan_attention``/
+``cached_attention`` on a ``KVCache``); a ``HeadLayer`` only holds the weights, plain trainable ``nn.Linear``s
+named as on disk, so ``head.state_dict()`` is exactly the saved tensor set.
 
 Feature layer ids are stored in our convention, ``"hf_hidden_states_index"``: id i is HF
 ``output_hidden_states[i]`` = the residual stream after layer i-1 = the input of layer i (0 = embeddings;
@@ -54,15 +54,14 @@ from torch import Tensor, nn
 
 from eaglespec.runtime.kvcache import HostRows, KVCache
 from eaglespec.runtime.model import (
-    AttentionPlan,
     ForwardOutput,
     ModelArgs,
     RMSNorm,
     Rotary,
     Transformer,
     UnsupportedModelError,
-    apply_rotary,
     cached_attention,
+    decoder_layer,
     plan_attention,
 )
 
@@ -326,7 +325,7 @@ def draft_vocab_maps(target_ids: Tensor, vocab_size: int) -> tuple[Tensor, Tenso
 
 # ================================================================================================ layers
 class HeadAttention(nn.Module):
-    """Grouped-query self-attention over a ``KVCache`` (q/k/v/o named as on disk); input may be 2H wide."""
+    """The q/k/v/o projections of a draft layer's grouped-query attention, named as on disk; input may be 2H wide."""
 
     def __init__(self, args: ModelArgs, in_dim: int) -> None:
         super().__init__()
@@ -336,14 +335,6 @@ class HeadAttention(nn.Module):
         self.v_proj = nn.Linear(in_dim, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
 
-    def forward(self, a: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, layer: int,
-                plan: AttentionPlan) -> Tensor:
-        """a: [B, T, in_dim] normed attention input -> [B, T, H]."""
-        batch, n_new, _ = a.shape
-        q = apply_rotary(self.q_proj(a).view(batch, n_new, self.n_heads, self.head_dim), *rope)
-        k = apply_rotary(self.k_proj(a).view(batch, n_new, self.n_kv_heads, self.head_dim), *rope)
-        v = self.v_proj(a).view(batch, n_new, self.n_kv_heads, self.head_dim)
-        return self.o_proj(cached_attention(q, k, v, cache, layer, plan=plan))
 
 
 class SwiGLU(nn.Module):
@@ -358,7 +349,8 @@ class SwiGLU(nn.Module):
 
 
 class HeadLayer(nn.Module):
-    """One draft decoder layer. Three variants, chosen by ``role``:
+    """One draft decoder layer's weights (``runtime.model.LayerWeights``, run by ``decoder_layer``), named as
+    on disk (``self_attn.q_proj``, ``mlp.gate_proj``, ...). Three variants, chosen by ``role``:
 
     * "eagle1_first": no input norm (the fc output enters attention as is);
     * "eagle3_first": attention input cat(input_layernorm(embedding), hidden_norm(h)) (2H), residual = raw h;
@@ -373,6 +365,7 @@ class HeadLayer(nn.Module):
         self.self_attn = HeadAttention(args, 2 * h if role == "eagle3_first" else h)
         self.post_attention_layernorm = RMSNorm(h, args.rms_norm_eps)
         self.mlp = SwiGLU(h, args.intermediate_size)
+        self.n_heads = args.num_attention_heads
 
     def attn_input(self, x: Tensor, emb: Tensor) -> Tensor:
         """What the attention projections read: cat(input_layernorm(emb), hidden_norm(x)) [B, T, 2H] for the
@@ -384,11 +377,17 @@ class HeadLayer(nn.Module):
             return self.input_layernorm(x)
         return x
 
-    def forward(self, x: Tensor, emb: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, layer: int,
-                plan: AttentionPlan) -> Tensor:
-        """x: [B, T, H] residual stream (raw fused feature for the first EAGLE-3 layer); emb: [B, T, H]."""
-        x = x + self.self_attn(self.attn_input(x, emb), rope, cache, layer, plan)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def project_qkv(self, a: Tensor, prefill: bool = False) -> tuple[Tensor, Tensor]:
+        att, (batch, n_new, _) = self.self_attn, a.shape
+        q = att.q_proj(a).view(batch, n_new, att.n_heads, att.head_dim)
+        k = att.k_proj(a).view(batch, n_new, att.n_kv_heads, att.head_dim)
+        return torch.cat((q, k), dim=2), att.v_proj(a).view(batch, n_new, att.n_kv_heads, att.head_dim)
+
+    def project_out(self, o: Tensor, prefill: bool = False) -> Tensor:
+        return self.self_attn.o_proj(o)
+
+    def feed_forward(self, x: Tensor, prefill: bool = False) -> Tensor:
+        return self.mlp(self.post_attention_layernorm(x))
 
 
 # ================================================================================================ the head
@@ -524,10 +523,14 @@ class DraftHead(nn.Module):
         if self.config.kind == "eagle1":
             x = self.fc(torch.cat((emb, x), dim=-1))  # embedding first
         track_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-        for i, layer in enumerate(self.decoder_layers()):
+
+        def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
             if track_grad:
                 cache.k, cache.v = cache.k.clone(), cache.v.clone()
-            x = layer(x, emb, rope, cache, i, plan)
+            return cached_attention(q, k, v, cache, i, plan=plan)
+
+        for i, layer in enumerate(self.decoder_layers()):
+            x = decoder_layer(layer, i, x, rope, attend, emb=emb)
         return x
 
     def logits(self, out: Tensor) -> Tensor:

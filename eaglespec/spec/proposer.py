@@ -14,12 +14,12 @@ bonus token b, the new committed pairs are (f_root, a_1), (f_a1, a_2), ..., (f_a
   that were expanded, compacted into place, and re-encode only the remaining suffix with true features
   (usually the last accepted token and the bonus pair).
 
-Paused drafting (a ``none`` tree: the dispatcher found that no tree pays) is lazy: a plain step commits one
-pair (f_root, bonus) per row, which is only recorded (feature and token, in a buffer of ``max_lag`` pairs per
-row); the draft cache catches up in ONE batched head forward over the recorded pairs when drafting resumes
-(or a probe drafts, or the buffer is full). A paused step therefore costs the target forward alone, and the
-catch-up computes exactly what encoding the pairs one step at a time would have (same pairs, same positions,
-causal attention), in one forward instead of one per step.
+Paused drafting (the ``NoDraft`` strategy, label ``none``: the dispatcher found that no tree pays) is lazy: a
+plain step commits one pair (f_root, bonus) per row, which is only recorded (feature and token, in a buffer of
+``max_lag`` pairs per row); the draft cache catches up in ONE batched head forward over the recorded pairs
+when drafting resumes (or a probe drafts, or the buffer is full). A paused step therefore costs the target
+forward alone, and the catch-up computes exactly what encoding the pairs one step at a time would have (same
+pairs, same positions, causal attention), in one forward instead of one per step.
 """
 
 from __future__ import annotations
@@ -32,16 +32,9 @@ from torch import Tensor
 
 from eaglespec.runtime.kvcache import HostRows
 from eaglespec.spec.costmodel import Choice
-from eaglespec.spec.dispatch import tree_label
 from eaglespec.spec.heads import DraftHead
-from eaglespec.spec.tree import (
-    DraftTree,
-    TreeConfig,
-    TreeDispatcher,
-    chain_tree,
-    expand_static,
-    tree_mask,
-)
+from eaglespec.spec.strategies import Chain, TreeDispatcher, TreeStrategy
+from eaglespec.spec.tree import DraftTree, expand_static
 
 Alignment = Literal["stable", "last"]
 
@@ -56,9 +49,12 @@ class _Drafted:
 
 
 class EagleProposer:
-    """Drafts trees with an EAGLE head; the tree shape per step comes from a dispatcher keyed by batch size."""
+    """Drafts trees with an EAGLE head; the tree strategy per step comes from a dispatcher keyed by batch size.
 
-    def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeConfig, alignment: Alignment = "stable",
+    It is the `strategies.Drafter` of the step: the strategy decides the tree, and asks this proposer for the
+    root features, children (top-k or sampled) and the draft forwards of expanded nodes."""
+
+    def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeStrategy, alignment: Alignment = "stable",
                  draft_temperature: float = 0.0, seed: int | None = None, max_lag: int = 16):
         """draft_temperature: 0 = children are the draft's top-k tokens (valid at any target temperature);
         > 0 = children are SAMPLED without replacement from softmax(draft logits / draft_temperature) and
@@ -78,12 +74,13 @@ class EagleProposer:
             raise ValueError(f"alignment must be 'stable' or 'last', got {alignment!r}")
         self.head = head
         # a fixed tree, a table by batch size (TreeDispatcher) or the acceptance-aware dispatch.AdaptiveDispatcher
-        self.dispatcher = TreeDispatcher({1: trees}) if isinstance(trees, TreeConfig) else trees
+        self.dispatcher = TreeDispatcher({1: trees}) if isinstance(trees, TreeStrategy) else trees
         if draft_temperature < 0:
             raise ValueError(f"draft_temperature must be >= 0, got {draft_temperature}")
-        if draft_temperature > 0 and any(c.kind == "dynamic" for c in self.dispatcher.configs):
-            raise ValueError("draft sampling (draft_temperature > 0) needs chain or static trees: a dynamic "
-                             "tree's rerank can break the sampled-children order")
+        refused = [c.label for c in self.dispatcher.configs if not c.samples_children]
+        if draft_temperature > 0 and refused:
+            raise ValueError(f"draft sampling (draft_temperature > 0) needs chain or static trees, not "
+                             f"{', '.join(refused)}: a dynamic tree's rerank can break the sampled-children order")
         self.draft_temperature = draft_temperature
         self.seed = seed
         self._generators: dict[int, torch.Generator] = {}  # cache row -> draft sampler (draft_temperature > 0)
@@ -97,13 +94,14 @@ class EagleProposer:
         self.last_h: Tensor | None = None  # [max_batch, H] draft output of each row's last committed pair
         self._drafted: _Drafted | None = None
         self._host: HostRows | None = None  # of the current propose()
-        self._static_masks: dict = {}
+        self._rows: Tensor | None = None  # the rows and prefix lengths of the current propose()
+        self._prefix: Tensor | None = None
         self.max_lag = max_lag
         self._lag_feat: Tensor | None = None  # [max_batch, max_lag, F] target features of paused pairs
         self._lag_tok: Tensor | None = None  # int64 [max_batch, max_lag] their tokens (the bonus of each step)
         self._lag_n: Tensor | None = None  # int64 [max_batch] recorded pairs per row
         self._lag_bound = 0  # host-side bound of _lag_n over the active rows: paused steps since the catch-up
-        self.step_label: str | None = None  # the tree of the latest propose() (dispatch.tree_label)
+        self.step_label: str | None = None  # the tree of the latest propose() (its strategy's label)
         self.step_choice: Choice | None = None  # the cost model's prediction for it (adaptive dispatch only)
 
     # ------------------------------------------------------------------------------- engine protocol
@@ -162,7 +160,7 @@ class EagleProposer:
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
-        self.step_label = tree_label(cfg)
+        self.step_label = cfg.label
         self.step_choice = getattr(self.dispatcher, "step", None)
         # Each row draws its sampled drafts from its own generator.
         if self.draft_temperature > 0:
@@ -171,12 +169,10 @@ class EagleProposer:
         else:
             self._step_generators = None
         # The engine drafts for all its active rows every step, so the bound covers every row that lags.
-        if self._lag_bound and (cfg.kind != "none" or self._lag_bound >= self.max_lag):
+        if self._lag_bound and (cfg.drafts or self._lag_bound >= self.max_lag):
             self._catch_up(rows)
-        # A chain is the static tree of one path: both draft level by level through `_draft_static`.
-        draft = {"chain": self._draft_static, "static": self._draft_static, "dynamic": self._draft_dynamic,
-                 "none": self._draft_none}
-        tree, node_slot = draft[cfg.kind](cfg, rows, pending, prefix_lengths)
+        self._rows, self._prefix = rows, prefix_lengths
+        tree, node_slot = cfg.draft(self, pending)
         self._drafted = _Drafted(prefix_lengths, node_slot, host)
         return tree
 
@@ -190,7 +186,7 @@ class EagleProposer:
         host_k = n_accepted if n_accepted is not None else verdict.n_accepted.tolist()
         if hasattr(self.dispatcher, "observe"):
             self.dispatcher.observe(list(d.host.rows) if d.host else rows.tolist(), self._cfg, host_k)
-        if self._cfg.kind == "none" and self.max_lag > 0:
+        if not self._cfg.drafts and self.max_lag > 0:
             self._record_paused(rows, verdict.bonus, out)
             return
         B, D1 = verdict.path.shape  # path [B, D+1]: root first, -1 padded
@@ -258,9 +254,12 @@ class EagleProposer:
         self._lag_n[rows] = 0
         self._lag_bound = 0
 
-    # ------------------------------------------------------------------------------------ drafting
+    # ---------------------------------------------------------------------- drafting (strategies.Drafter)
 
-    def _topk(self, o: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    def root_features(self) -> Tensor:
+        return self.last_h[self._rows][:, None]  # [B, 1, H]
+
+    def children(self, o: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """o [B, K, H] -> children of each node: target token ids [B, K, k], their draft log-probs
         [B, K, k] and, when sampling, the distribution q they were drawn from in TARGET vocab [B, K, V]."""
         logits = self.head.logits(o).float()  # [B, K, V'] draft vocabulary
@@ -285,86 +284,13 @@ class EagleProposer:
             self._d2t_ids = self.head.to_target_ids(torch.arange(n, device=self.head.device))
         return self._d2t_ids
 
-    def _forward_level(self, rows: Tensor, prefix: Tensor, parent_h: Tensor, tokens: Tensor, depth: int,
-                       mask: Tensor) -> Tensor:
+    def expand(self, parent_h: Tensor, tokens: Tensor, depth: int, mask: Tensor) -> Tensor:
         """Draft pairs (parent_h, tokens) [B, K] of nodes at `depth` >= 1; mask [B, K, W]: the drafted slots
         (from P) each node sees, the K new ones last. Returns outputs [B, K, H]."""
         B, K = tokens.shape
-        positions = (prefix + depth - 1)[:, None].expand(B, K)
+        positions = (self._prefix + depth - 1)[:, None].expand(B, K)
         host = None if self._host is None else replace(self._host, max_position=max(self._host.lengths) + depth - 1)
-        return self.head(parent_h, tokens, positions, self.cache, rows=rows, block_mask=mask, host=host)
-
-    def _draft_none(self, cfg: TreeConfig, rows, pending, prefix):
-        """No draft tokens: the target decodes one token; commit() records the (feature, token) pair for the
-        catch-up (encodes it at once with max_lag 0)."""
-        node_slot = torch.full((rows.numel(), 1), -1, dtype=torch.long, device=rows.device)
-        return DraftTree.root_only(pending), node_slot
-
-    def _static_level_masks(self, cfg: TreeConfig, device) -> list[Tensor]:
-        """Per drafting level d >= 1: bool [E_d, W_d] ancestor-or-self among drafted (expanded) nodes."""
-        key = (cfg, device)
-        if key not in self._static_masks:
-            shape = cfg.shape()
-            parents = shape.parents_tensor(device)[None]  # [1, N]
-            anc = tree_mask(parents, torch.ones_like(parents, dtype=torch.bool))[0]  # [N, N]
-            drafted: list[int] = []
-            masks = []
-            for lv in shape.levels[1:]:
-                drafted += list(lv.expanded)
-                idx = torch.tensor(drafted, device=device)
-                masks.append(anc[idx[-len(lv.expanded):]][:, idx])  # [E_d, W_d]
-            self._static_masks[key] = (masks, drafted)
-        return self._static_masks[key]
-
-    def _draft_static(self, cfg: TreeConfig, rows, pending, prefix):
-        shape = cfg.shape()
-        B = rows.numel()
-        masks, drafted = self._static_level_masks(cfg, rows.device)
-        h_prev = self.last_h[rows][:, None]  # [B, 1, H] outputs of the previous level's expanded nodes
-        tok_prev = None
-        level_tokens, level_logp = [], []
-        draft_q = None
-        for lv in shape.levels:
-            if lv.depth > 0:
-                slot = torch.tensor(lv.parent_slot, device=rows.device)
-                rank = torch.tensor(lv.rank, device=rows.device)
-                tokens = tok_prev[:, slot, rank]  # [B, E]
-                mask = masks[lv.depth - 1].expand(B, -1, -1)
-                h_prev = self._forward_level(rows, prefix, h_prev[:, slot], tokens, lv.depth, mask)
-            tok_prev, lp, q = self._topk(h_prev, lv.topk)  # [B, E, topk]
-            level_tokens.append(tok_prev)
-            level_logp.append(lp)
-            if q is not None:  # the expanded nodes' children were drawn from q [B, E, V]
-                if draft_q is None:
-                    draft_q = torch.zeros(B, shape.num_nodes, q.shape[-1], device=q.device)
-                draft_q[:, list(lv.expanded)] = q
-        tree = expand_static(shape, pending, level_tokens, level_logp, draft_q)
-        node_slot = torch.full((B, shape.num_nodes), -1, dtype=torch.long, device=rows.device)
-        node_slot[:, drafted] = torch.arange(len(drafted), device=rows.device)
-        return tree, node_slot
-
-    def _draft_dynamic(self, cfg: TreeConfig, rows, pending, prefix):
-        builder = cfg.builder()
-        B = rows.numel()
-        frontier = builder.root(pending)
-        h = self.last_h[rows][:, None]  # [B, 1, H]
-        drafted_ids = []  # builder candidate ids of the drafted (forwarded) frontiers, in slot order
-        for level in range(cfg.depth):
-            if level > 0:
-                h = self._forward_level(rows, prefix, h[torch.arange(B, device=rows.device)[:, None],
-                                                        frontier.parent_slot],
-                                        frontier.tokens, frontier.depth, frontier.mask[:, :, 1:])
-                drafted_ids.append(frontier.ids)
-            t, lp, _ = self._topk(h, cfg.topk)  # [B, K, topk]
-            frontier = builder.add_level(t, lp)
-        tree = builder.build()
-        node_slot = torch.full((B, tree.tokens.shape[1]), -1, dtype=torch.long, device=rows.device)
-        if drafted_ids:
-            ids = torch.cat(drafted_ids, dim=1)  # [B, W]
-            cand_slot = torch.full((B, builder.num_candidates + 1), -1, dtype=torch.long, device=rows.device)
-            cand_slot.scatter_(1, ids, torch.arange(ids.shape[1], device=rows.device).expand(B, -1))
-            node_slot = torch.where(tree.valid, cand_slot.gather(1, builder.kept_ids), -1)
-        return tree, node_slot
+        return self.head(parent_h, tokens, positions, self.cache, rows=self._rows, block_mask=mask, host=host)
 
 
 class ReplayProposer:
@@ -380,8 +306,9 @@ class ReplayProposer:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
-        self.max_tree_nodes = depth + 1
-        self.step_label = f"chain{depth}"
+        self.chain = Chain(depth)
+        self.max_tree_nodes = self.chain.num_nodes
+        self.step_label = self.chain.label
         self.step_choice = None
         self.continuations = {tuple(k): list(v) for k, v in continuations.items()}
         self._rows: dict[int, tuple[list[int], int]] = {}  # row -> (continuation, prompt length)
@@ -404,8 +331,9 @@ class ReplayProposer:
             g = p - n + 1  # generated so far, the pending token included
             nxt = cont[g : g + self.depth]
             drafts.append(nxt + [0] * (self.depth - len(nxt)))
-        toks = torch.tensor(drafts, dtype=torch.long, device=pending.device)
-        return chain_tree(pending, toks, torch.zeros(toks.shape, device=pending.device))
+        toks = torch.tensor(drafts, dtype=torch.long, device=pending.device)  # [B, depth]
+        levels = [toks[:, d, None, None] for d in range(self.depth)]  # one expanded node, one child per level
+        return expand_static(self.chain.shape, pending, levels, [torch.zeros(t.shape, device=t.device) for t in levels])
 
     def commit(self, rows, tree, verdict, out, n_accepted=None) -> None:
         pass

@@ -6,12 +6,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglespec.spec.tree import DEFAULT_TREE_TABLE, EAGLE1_TREE_PATHS, TreeConfig, TreeDispatcher
+from eaglespec.spec.strategies import DEFAULT_TREE_TABLE, TREE_KINDS, TreeDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +24,8 @@ class DraftOptions:
     """Head directory; None = the shipped head for the default model (vanilla if there is none); "none" =
     vanilla decoding."""
     tree: str = "auto"
-    """"chain", "static" (EAGLE-1 tree, or `tree_paths`), "dynamic" (EAGLE-2), or "auto": the dispatcher
-    table that picks the tree by batch size."""
+    """A kind of `strategies.TREE_KINDS` ("chain", "static" = EAGLE-1 tree or `tree_paths`, "dynamic" = EAGLE-2,
+    "none" = draft nothing, a benchmark baseline) or "auto": the dispatcher that picks the tree per step."""
     depth: int | None = None
     """Chain length / dynamic-tree depth (default: chain 4, dynamic 5)."""
     topk: int | None = None
@@ -44,41 +43,25 @@ class DraftOptions:
     calibrate: bool = True
     """tree "auto": pick the tree per step from this machine's measured costs and live acceptance
     (dispatch.AdaptiveDispatcher; calibration cached per machine, model, precision and head); False = the
-    static table by batch size (tree.DEFAULT_TREE_TABLE)."""
+    static table by batch size (strategies.DEFAULT_TREE_TABLE)."""
+    max_lag: int = 16
+    """Paused (no-draft) steps whose draft pairs are recorded before the draft cache catches up in one forward
+    (proposer.EagleProposer); 0 = encode each at its step (what a paused step cost before; bench `lag=0`)."""
 
-    def tree_config(self) -> TreeDispatcher:
+    def dispatcher(self) -> TreeDispatcher:
+        """The tree strategy per batch size these options ask for (validated: options that do not apply to the
+        chosen kind are refused by name). "auto" = the static table; `build_proposer` may replace it with the
+        calibrated, acceptance-aware dispatcher."""
+        given = {"depth": self.depth, "topk": self.topk, "tree_tokens": self.tree_tokens,
+                 "tree_paths": self.tree_paths}
         if self.tree == "auto":
-            if any(v is not None for v in (self.depth, self.topk, self.tree_tokens, self.tree_paths)):
+            if any(v is not None for v in given.values()):
                 raise ValueError("--depth/--topk/--tree-tokens/--tree-paths need an explicit --tree "
                                  "(chain, static or dynamic), not auto")
             return TreeDispatcher(DEFAULT_TREE_TABLE)
-        if self.tree == "none":  # the drafter follows along but proposes nothing (benchmark baseline)
-            self._refuse("none", depth=self.depth, topk=self.topk, tree_tokens=self.tree_tokens,
-                         tree_paths=self.tree_paths)
-            return TreeDispatcher({1: TreeConfig.none()})
-        if self.tree == "chain":
-            self._refuse("chain", topk=self.topk, tree_tokens=self.tree_tokens, tree_paths=self.tree_paths)
-            return TreeDispatcher({1: TreeConfig.chain(self.depth or 4)})
-        if self.tree == "static":
-            self._refuse("static", depth=self.depth, topk=self.topk, tree_tokens=self.tree_tokens)
-            paths = EAGLE1_TREE_PATHS
-            if self.tree_paths is not None:
-                try:
-                    paths = json.loads(self.tree_paths)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"--tree-paths is not valid JSON: {e.msg}") from None
-            return TreeDispatcher({1: TreeConfig.static(paths)})
-        if self.tree == "dynamic":
-            self._refuse("dynamic", tree_paths=self.tree_paths)
-            return TreeDispatcher({1: TreeConfig.dynamic(topk=self.topk or 4, depth=self.depth or 5,
-                                                         tree_tokens=self.tree_tokens or 16)})
-        raise ValueError(f"--tree must be chain, static, dynamic or auto, got {self.tree!r}")
-
-    @staticmethod
-    def _refuse(kind: str, **given) -> None:
-        bad = [k.replace("_", "-") for k, v in given.items() if v is not None]
-        if bad:
-            raise ValueError(f"--{', --'.join(bad)} do(es) not apply to a {kind} tree")
+        if self.tree not in TREE_KINDS:
+            raise ValueError(f"--tree must be {', '.join(TREE_KINDS)} or auto, got {self.tree!r}")
+        return TreeDispatcher({1: TREE_KINDS[self.tree].from_options(**given)})
 
 
 def resolve_head_dir(opts: DraftOptions, target) -> Path | None:
@@ -107,7 +90,7 @@ def build_proposer(target, opts: DraftOptions, dtype=None, dispatcher_factory=No
     from eaglespec.spec.proposer import EagleProposer
 
     head_dir = resolve_head_dir(opts, target)
-    trees = opts.tree_config()  # validate tree options even when decoding without a head
+    trees = opts.dispatcher()  # validate tree options even when decoding without a head
     if head_dir is None:
         return None
     head = load_head(head_dir, target.model, dtype=dtype or target.model.dtype, device=target.model.device)
@@ -115,4 +98,4 @@ def build_proposer(target, opts: DraftOptions, dtype=None, dispatcher_factory=No
     if opts.tree == "auto" and opts.calibrate and dispatcher_factory is not None:
         trees = dispatcher_factory(target, head, head_dir, opts)
     return EagleProposer(head, trees, alignment=opts.alignment, draft_temperature=opts.draft_temperature,
-                         seed=opts.seed)
+                         seed=opts.seed, max_lag=opts.max_lag)

@@ -4,9 +4,11 @@ Kept apart (the neural drafter lives elsewhere and only calls into this module):
 
 * description: `DraftTree`, the one format every drafting strategy produces;
 * buffer building (tree -> verification tensors): `tree_mask`, `tree_positions`, `leaf_paths`;
-* selection (scores -> kept nodes): static shapes (`TreeShape`, `static_shape`, `chain_shape`,
-  `expand_static`, `chain_tree`) and the EAGLE-2 dynamic tree (`DynamicTreeBuilder`);
-* which tree to use at a given batch size: `TreeConfig`, `TreeDispatcher`.
+* selection (scores -> kept nodes): static shapes (`TreeShape`, `static_shape`, `expand_static`) and the
+  EAGLE-2 dynamic tree (`DynamicTreeBuilder`).
+
+The kinds of tree built from these pieces (chain, static, dynamic, none) and which one runs at a batch size
+live in `strategies.py`.
 
 Shapes: B = batch rows, N = tree nodes (node 0 = root = the row's pending token), V = vocabulary,
 D = max node depth, L = max leaves per row, C = max children per node.
@@ -18,11 +20,8 @@ depends on the data (`leaf_paths` without its size hints), which is documented t
 
 from __future__ import annotations
 
-import bisect
-import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -35,15 +34,10 @@ __all__ = [
     "StaticLevel",
     "TreeShape",
     "static_shape",
-    "chain_shape",
     "EAGLE1_TREE_PATHS",
     "expand_static",
-    "chain_tree",
     "Frontier",
     "DynamicTreeBuilder",
-    "TreeConfig",
-    "TreeDispatcher",
-    "DEFAULT_TREE_TABLE",
 ]
 
 
@@ -210,7 +204,7 @@ def leaf_paths(parents: Tensor, valid: Tensor, *, max_leaves: int | None = None,
 
 
 # --------------------------------------------------------------------------------------------------------
-# Static shapes (chain, EAGLE-1 trees)
+# Static shapes (EAGLE-1 trees; a chain is the shape of one path)
 # --------------------------------------------------------------------------------------------------------
 
 
@@ -353,19 +347,6 @@ def static_shape(paths: Sequence[Sequence[int]]) -> TreeShape:
     return TreeShape(paths=tuple(ordered), parents=parents, ranks=ranks, depths=depths, levels=tuple(levels))
 
 
-@functools.lru_cache(maxsize=64)
-def _cached_shape(paths: tuple[tuple[int, ...], ...]) -> TreeShape:
-    """Compiled shapes shared across calls (TreeConfig.shape() is asked once per decoding step)."""
-    return static_shape(paths)
-
-
-def chain_shape(depth: int) -> TreeShape:
-    """A chain of `depth` draft tokens (top-1 at every step): paths [[0], [0, 0], ...]."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"chain depth must be an int >= 1, got {depth!r}")
-    return static_shape([[0] * k for k in range(1, depth + 1)])
-
-
 def expand_static(shape: TreeShape, root_tokens: Tensor, level_tokens: Sequence[Tensor],
                   level_logp: Sequence[Tensor], draft_q: Tensor | None = None) -> DraftTree:
     """Assemble the `DraftTree` of a static shape from the drafter's per-level top-k results.
@@ -402,23 +383,6 @@ def expand_static(shape: TreeShape, root_tokens: Tensor, level_tokens: Sequence[
         draft_logp=logp,
         draft_q=draft_q,
         max_depth=shape.max_depth,
-    )
-
-
-def chain_tree(root_tokens: Tensor, tokens: Tensor, logp: Tensor, draft_q: Tensor | None = None) -> DraftTree:
-    """A chain tree: root_tokens int64 [B]; tokens int64 [B, K] and logp float [B, K] the drafted tokens in
-    order; draft_q optional float32 [B, K+1, V] (node i's children distribution). N = K + 1."""
-    B, K = tokens.shape
-    device = tokens.device
-    ar = torch.arange(K + 1, device=device)
-    return DraftTree(
-        tokens=torch.cat([root_tokens[:, None].to(torch.int64), tokens], dim=1),
-        parents=(ar - 1).expand(B, K + 1).clone(),
-        depth=ar.expand(B, K + 1).clone(),
-        valid=torch.ones(B, K + 1, dtype=torch.bool, device=device),
-        draft_logp=torch.cat([logp.new_zeros(B, 1), logp], dim=1).to(torch.float32),
-        draft_q=draft_q,
-        max_depth=K,
     )
 
 
@@ -580,169 +544,3 @@ class DynamicTreeBuilder:
             draft_q=None,
             max_depth=self.depth,
         )
-
-
-# --------------------------------------------------------------------------------------------------------
-# Which tree at which batch size
-# --------------------------------------------------------------------------------------------------------
-
-
-TreeKind = Literal["none", "chain", "static", "dynamic"]
-
-
-@dataclass(frozen=True)
-class TreeConfig:
-    """One tree configuration (validated on construction)."""
-
-    kind: TreeKind
-    """Tree family: 'chain' (uses depth), 'static' (uses paths; depth derived), 'dynamic' (EAGLE-2: topk,
-    depth, tree_tokens) or 'none' (no draft tokens: plain decoding for the batch sizes where speculation does
-    not pay; the drafter still follows the committed tokens so it can resume at smaller batches)."""
-    depth: int = 0
-    """Draft steps: chain length, static tree depth (derived from paths), dynamic expansion levels."""
-    topk: int = 1
-    """Dynamic only: children per frontier node and frontier size."""
-    tree_tokens: int = 0
-    """Dynamic only: draft nodes kept after reranking (root excluded)."""
-    paths: tuple[tuple[int, ...], ...] | None = None
-    """Static only: top-k rank paths, e.g. ((0,), (1,), (0, 0))."""
-
-    def __post_init__(self) -> None:
-        if self.kind == "none":
-            if self.depth or self.paths is not None or self.tree_tokens:
-                raise ValueError("a 'none' tree config takes no depth, paths or tree_tokens")
-        elif self.kind == "chain":
-            chain_shape(self.depth)
-            if self.paths is not None:
-                raise ValueError("a chain config takes no paths")
-        elif self.kind == "static":
-            if self.paths is None:
-                raise ValueError("a static config needs paths")
-            paths = tuple(tuple(p) for p in self.paths) if isinstance(self.paths, Sequence) else self.paths
-            shape = static_shape(paths)
-            if self.depth not in (0, shape.max_depth):
-                raise ValueError(f"static config: depth {self.depth} disagrees with the paths' depth "
-                                 f"{shape.max_depth}")
-            object.__setattr__(self, "paths", paths)
-            object.__setattr__(self, "depth", shape.max_depth)
-        elif self.kind == "dynamic":
-            DynamicTreeBuilder(self.topk, self.depth, self.tree_tokens)
-            if self.paths is not None:
-                raise ValueError("a dynamic config takes no paths")
-        else:
-            raise ValueError(f"tree kind must be 'none', 'chain', 'static' or 'dynamic', got {self.kind!r}")
-
-    @classmethod
-    def none(cls) -> TreeConfig:
-        return cls(kind="none")
-
-    @classmethod
-    def chain(cls, depth: int) -> TreeConfig:
-        return cls(kind="chain", depth=depth)
-
-    @classmethod
-    def static(cls, paths: Sequence[Sequence[int]]) -> TreeConfig:
-        return cls(kind="static", paths=tuple(tuple(p) for p in paths))
-
-    @classmethod
-    def dynamic(cls, topk: int, depth: int, tree_tokens: int) -> TreeConfig:
-        return cls(kind="dynamic", topk=topk, depth=depth, tree_tokens=tree_tokens)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> TreeConfig:
-        unknown = set(d) - {"kind", "depth", "topk", "tree_tokens", "paths"}
-        if unknown:
-            raise ValueError(f"unknown tree config keys: {sorted(unknown)}")
-        if "paths" in d and d["paths"] is not None:
-            d = {**d, "paths": tuple(tuple(p) for p in d["paths"])}
-        return cls(**d)
-
-    @property
-    def num_nodes(self) -> int:
-        """N, root included."""
-        if self.kind == "dynamic":
-            return self.tree_tokens + 1
-        if self.kind == "none":
-            return 1
-        return self.shape().num_nodes
-
-    def shape(self) -> TreeShape:
-        """The compiled static shape (chain / static kinds)."""
-        if self.kind == "chain":
-            return _cached_shape(tuple((0,) * k for k in range(1, self.depth + 1)))
-        if self.kind == "static":
-            return _cached_shape(self.paths)
-        raise ValueError("a dynamic tree has no static shape; use builder()")
-
-    def builder(self) -> DynamicTreeBuilder:
-        """A DynamicTreeBuilder for this configuration (dynamic kind)."""
-        if self.kind != "dynamic":
-            raise ValueError(f"a {self.kind} tree has no dynamic builder; use shape()")
-        return DynamicTreeBuilder(self.topk, self.depth, self.tree_tokens)
-
-
-class TreeDispatcher:
-    """Maps batch sizes to tree configurations.
-
-    Built from (min_batch_size, config) entries sorted by strictly increasing min_batch_size, the first being 1:
-    an entry applies from its min_batch_size up to the next entry's minus one; the last applies above.
-    """
-
-    def __init__(self, entries: Sequence[tuple[int, TreeConfig]] | Mapping[int, TreeConfig]):
-        if isinstance(entries, Mapping):
-            entries = list(entries.items())
-        if len(entries) == 0:
-            raise ValueError("a tree dispatch table needs at least one entry")
-        starts = []
-        for start, cfg in entries:
-            if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-                raise ValueError(f"batch-size bound {start!r} must be an int >= 1")
-            if not isinstance(cfg, TreeConfig):
-                raise ValueError(f"entry {start}: expected a TreeConfig, got {type(cfg).__name__}")
-            if starts and start <= starts[-1]:
-                raise ValueError(f"batch-size bounds must be strictly increasing, got {start} after {starts[-1]}")
-            starts.append(start)
-        if starts[0] != 1:
-            raise ValueError(f"the first entry must start at batch size 1 (got {starts[0]}): "
-                             f"every batch size >= 1 needs a tree")
-        self.starts = tuple(starts)
-        self.configs = tuple(cfg for _, cfg in entries)
-
-    @classmethod
-    def from_table(cls, table: Mapping | Sequence) -> TreeDispatcher:
-        """From {min_batch: config} or [(min_batch, config), ...]; configs as TreeConfig or dicts
-        (`TreeConfig.from_dict`); keys may be digit strings (JSON). Order is validated, not fixed up."""
-        items = list(table.items()) if isinstance(table, Mapping) else list(table)
-        entries = []
-        for item in items:
-            if not isinstance(item, Sequence) or len(item) != 2:
-                raise ValueError(f"dispatch entry {item!r} is not a (min_batch_size, config) pair")
-            start, cfg = item
-            if isinstance(start, str) and start.isdigit():
-                start = int(start)
-            if isinstance(cfg, Mapping):
-                cfg = TreeConfig.from_dict(cfg)
-            entries.append((start, cfg))
-        return cls(entries)
-
-    def pick(self, batch_size: int) -> TreeConfig:
-        """The configuration for `batch_size` (>= 1)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch size must be an int >= 1, got {batch_size!r}")
-        return self.configs[bisect.bisect_right(self.starts, batch_size) - 1]
-
-    def __repr__(self) -> str:
-        return f"TreeDispatcher({list(zip(self.starts, self.configs))})"
-
-
-# Measured on this project's 2-core CPU with the shipped SmolLM2-135M head (fp32, 2 threads; README "Results",
-# docs/results/suite and default-tree): a target forward over 2 tokens costs the same as over 1 (cost curve
-# 1.00), over 4 tokens 1.55x, and the head gets ~0.3 tokens accepted at depth 1 and ~0.08 at depth 2. So a
-# single draft wins at batch 1: chain 1 1.10x vs chain 2 1.03x (40 MT-bench first turns, interleaved; chain 4
-# 0.66x, dynamic 0.59x, EAGLE-1 static 0.55x on 16), and at batch 2-8 no tree beat vanilla (chain 1 0.96x at
-# batch 4): from batch 2 on speculation pauses ('none'; the drafter keeps following, 2-5% cost). Re-measure with
-# `eaglespec bench` (docs/BENCHMARKS.md) for other hardware or a stronger head.
-DEFAULT_TREE_TABLE: dict[int, TreeConfig] = {
-    1: TreeConfig.chain(1),
-    2: TreeConfig.none(),
-}

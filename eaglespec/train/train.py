@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from eaglespec.train.features import FeatureBatch, FeatureStore, OfflineFeatures, OnlineFeatures
 from eaglespec.spec.heads import DraftHead, HeadConfig, load_head, save_head
-from eaglespec.runtime.model import apply_rotary
+from eaglespec.runtime.model import decoder_layer
 
 log = logging.getLogger(__name__)
 
@@ -262,22 +262,6 @@ class TTTUnroll(nn.Module):
         self.head = head
         self.steps = steps
 
-    def _layer(self, layer: nn.Module, x: Tensor, emb: Tensor, rope: tuple[Tensor, Tensor], keys: list[Tensor],
-               values: list[Tensor], mask: Tensor | None) -> Tensor:
-        """One decoder layer of the head (same math as ``heads.HeadLayer``), attending over every step's keys."""
-        batch, n, _ = x.shape
-        a = layer.attn_input(x, emb)  # [B, P, 2H or H]
-        att = layer.self_attn
-        q = apply_rotary(att.q_proj(a).view(batch, n, att.n_heads, att.head_dim), *rope)
-        k = apply_rotary(att.k_proj(a).view(batch, n, att.n_kv_heads, att.head_dim), *rope)
-        v = att.v_proj(a).view(batch, n, att.n_kv_heads, att.head_dim)
-        keys.append(k.transpose(1, 2))  # [B, Hkv, P, D]
-        values.append(v.transpose(1, 2))
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), torch.cat(keys, dim=2), torch.cat(values, dim=2),  # keys [B, Hkv, (j+1)P, D]
-            attn_mask=mask, is_causal=mask is None, enable_gqa=True)  # [B, H, P, D]
-        x = x + att.o_proj(o.transpose(1, 2).reshape(batch, n, att.n_heads * att.head_dim))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def forward(self, features: Tensor, tokens: Tensor, select: Tensor | None = None
                 ) -> tuple[list[Tensor], list[Tensor]]:
@@ -306,8 +290,18 @@ class TTTUnroll(nn.Module):
             emb = F.embedding(tok, head.embed_weight)  # [B, P, H]
             x = head.fc(torch.cat((emb, h.to(emb.dtype)), dim=-1)) if head.config.kind == "eagle1" else h
             mask = None if j == 0 else ttt_mask(n, j, tokens.device)
+
+            def attend(q: Tensor, k: Tensor, v: Tensor, i: int, mask: Tensor | None = mask) -> Tensor:
+                """Over every step's keys so far (no KV cache): keys [B, Hkv, (j+1)P, D]."""
+                keys[i].append(k.transpose(1, 2))  # [B, Hkv, P, D]
+                values[i].append(v.transpose(1, 2))
+                o = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2),
+                    attn_mask=mask, is_causal=mask is None, enable_gqa=True)  # [B, H, P, D]
+                return o.transpose(1, 2).reshape(batch, n, -1)
+
             for li, layer in enumerate(layers):
-                x = self._layer(layer, x, emb, rope, keys[li], values[li], mask)
+                x = decoder_layer(layer, li, x, rope, attend, emb=emb)  # the head's own layer, same code
             outs.append(x)
             logits.append(head.logits(x if select is None else x[select[j]]))
             h = x
@@ -506,12 +500,12 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
     from eaglespec.engine.stats import SequenceStats
-    from eaglespec.spec.tree import TreeConfig
+    from eaglespec.spec.strategies import Chain
 
     prompts = [list(p) for p in prompts if p]
     if not prompts:
         return None
-    engine = Engine(target, proposer=EagleProposer(head, TreeConfig.chain(depth)),
+    engine = Engine(target, proposer=EagleProposer(head, Chain(depth)),
                     max_batch_size=min(8, len(prompts)))
     done = engine.generate([Request(p, GenerationConfig(max_new_tokens)) for p in prompts])
     st = SequenceStats.pooled(c.stats for c in done)
