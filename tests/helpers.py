@@ -82,6 +82,19 @@ def tiny_target(family: str = "llama", dtype=torch.float32, seed: int = 0, **ove
     return target, hf
 
 
+def tiny_llama_transformer(vocab_size: int = 128, hidden_size: int = 64, num_layers: int = 4, seed: int = 0):
+    """Our `Transformer` over a tiny random HF Llama (untied, unsharpened weights): the head-format tests' target."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eaglespec.runtime.model import ModelArgs, Transformer
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=hidden_size, intermediate_size=128, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=vocab_size,
+                      rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
+    return Transformer.from_state_dict(ModelArgs.from_hf_config(cfg), LlamaForCausalLM(cfg).state_dict())
+
+
 @contextlib.contextmanager
 def quick_calibration(cache_dir):
     """`--tree auto` calibration in seconds on tiny models (batch sizes 1 and 2, 16-token prefix), cached under

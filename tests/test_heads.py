@@ -21,21 +21,15 @@ from eaglespec.spec.heads import (
     load_head,
     save_head,
 )
-from eaglespec.runtime.model import ModelArgs, Transformer
+from eaglespec.runtime.model import Transformer
+from helpers import tiny_llama_transformer
 
 V, H, L, DRAFT_V = 128, 64, 4, 96
 
 
 @pytest.fixture(scope="module")
 def target() -> Transformer:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=H, intermediate_size=128, num_hidden_layers=L, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, vocab_size=V, rms_norm_eps=1e-6, rope_theta=10000.0,
-                      tie_word_embeddings=False)
-    hf = LlamaForCausalLM(cfg)
-    return Transformer.from_state_dict(ModelArgs.from_hf_config(cfg), hf.state_dict())
+    return tiny_llama_transformer(V, H, L)
 
 
 def make_head(target: Transformer, kind: str, layers: int = 1, seed: int = 1) -> DraftHead:
