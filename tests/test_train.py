@@ -277,6 +277,8 @@ def test_init_head_starts_from_the_given_head_and_refuses_another_shape(tiny):
     with pytest.raises(ValueError, match="init_vocab must be head or data"):
         train(config(root, "init-bad2", max_steps=1, init_vocab="both", eval_acceptance_prompts=0,
                      init_head=str(root / "init-src" / "head")), target)
+    with pytest.raises(ValueError, match="init_vocab data .* needs init_head"):  # not silently ignored
+        train(config(root, "init-bad3", max_steps=1, init_vocab="data", eval_acceptance_prompts=0), target)
 
 
 # ------------------------------------------------------------------------------------ resume after kill

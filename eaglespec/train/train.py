@@ -202,6 +202,9 @@ class TrainConfig:
             raise ValueError(f"betas takes two values, got {self.betas}")
         if self.init_vocab not in ("head", "data"):
             raise ValueError(f"init_vocab must be head or data, got {self.init_vocab!r}")
+        if self.init_vocab == "data" and (self.init_head is None or self.kind != "eagle3"):
+            raise ValueError("init_vocab data re-selects an EAGLE-3 head's draft vocabulary: it needs init_head and "
+                             f"kind eagle3 (got init_head {self.init_head!r}, kind {self.kind!r})")
 
     @property
     def noise(self) -> float:
