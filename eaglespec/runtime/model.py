@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eaglespec.runtime.kvcache import ContextOverflowError, HostRows, KVCache
+from eaglespec.runtime.logits import rescored_logits
 from eaglespec.runtime.quant import PackedLinear, linear
 
 __all__ = [
@@ -730,5 +731,18 @@ class Transformer(nn.Module):
             else:
                 idx = logits_at.to(device=hidden.device, dtype=torch.int64)  # [B, K]
                 picked = hidden.gather(1, idx[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, K, H]
-            logits = linear(picked, self.lm_head_packed or self.lm_head_weight, prefill=prefill).float()  # [B, K, V]
+            logits = self.output_logits(picked, prefill)  # [B, K, V]
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
+
+    def output_logits(self, hidden: Tensor, prefill: bool = False) -> Tensor:
+        """float32 logits [..., V] of final-normed ``hidden`` [..., H].
+
+        float32 models: the exact projection. Packed (int8 lm_head) and bfloat16 models: the fast projection
+        ranks the vocabulary and its best candidates are rescored in float32 (``logits.rescored_logits``), so
+        greedy choices do not hang on bfloat16 ties.
+        """
+        if self.lm_head_packed is not None:
+            return rescored_logits(hidden, lambda h: self.lm_head_packed(h, prefill), self.lm_head_weight)
+        if self.dtype != torch.float32:
+            return rescored_logits(hidden, lambda h: F.linear(h, self.lm_head_weight), self.lm_head_weight)
+        return F.linear(hidden, self.lm_head_weight).float()

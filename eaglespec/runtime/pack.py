@@ -3,7 +3,7 @@
 For a GGUF source in int4, the q/k/v, output, gate/up and down projections whose GGUF tensors are Q4_0 / Q4_1
 are packed from the file's own blocks (exact: the same 4-bit values, scales and offsets, scales rounded to
 bfloat16 for the kernel), fused the way the model fuses them; any other projection is quantized from its
-float32 weight. The lm_head stays dense float32 (float32 logits; see pack_model). Norms, rotary tables, attention and the KV cache stay float32.
+float32 weight. The lm_head is ranked in int8 with its best candidates rescored in float32 (see pack_model). Norms, rotary tables, attention and the KV cache stay float32.
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
                 counts["quantized"] += 1
             del layer._parameters[attr]
             setattr(layer, attr, packed)
-    # The lm_head stays dense float32: packed kernels return bfloat16, and bfloat16 logits tie often (a step of
-    # 0.125 at 20), so the last-ulp noise attention has between a 1-token decode and an N-token verification
-    # would flip greedy argmaxes between speculative and vanilla decoding (measured on the default model).
+    # The lm_head gets an int8 copy that ranks the vocabulary (4x less to read than float32); the float32 weight
+    # stays for the embedding and for rescoring the best candidates exactly (Transformer.output_logits): packed
+    # kernels return bfloat16, whose ties would otherwise flip greedy argmaxes. Always the packed kernel (no
+    # dense float32 copy for prompts: only the last prompt position needs logits).
+    always_packed = KernelPlan({"int8": [(1 << 30, "packed")]}, measured_on="lm_head")
+    model.lm_head_packed = PackedLinear.from_float(model.lm_head_weight.data, "int8", plan=always_packed)
     model.precision = fmt
     return counts
