@@ -210,3 +210,96 @@ def test_default_model_int4_runs_the_gguf_blocks_and_keeps_its_answers():
         spec = Engine(target, build_proposer(target, DraftOptions(tree="chain"))).generate([Request(prompt, cfg)])[0]
     assert "Paris" in vanilla.text and "Paris" in spec.text
     assert sum(spec.stats.accepted_per_position) > 0
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("prefix,n_new", [(5, 2), (37, 5), (70, 9)])
+def test_packed_verification_forward_is_bit_identical_to_decoding_each_token(fmt, prefix, n_new):
+    """A chain verified in one forward gets exactly the activations and logits of decoding its tokens one by
+    one (row-independent kernels and one query per attention head): what makes greedy speculative output equal
+    vanilla output in packed precisions, where bfloat16 activations amplify any last-bit difference."""
+    target, _ = tiny_target("llama", seed=3)
+    model = target.model
+    pack_model(model, fmt, plan=KernelPlan(PACKED_ONLY))
+    torch.manual_seed(prefix)
+    tokens = torch.randint(0, model.args.vocab_size, (1, prefix + n_new))
+    layers = list(range(model.args.num_hidden_layers + 1))
+    with torch.inference_mode():
+        caches = [model.new_cache(1, prefix + n_new + 1) for _ in range(2)]
+        for c in caches:
+            model(tokens[:, :prefix], torch.arange(prefix)[None], c, prefill=True)
+            c.lengths[0] = prefix
+        block = model(tokens[:, prefix:], torch.arange(prefix, prefix + n_new)[None], caches[0], logits_at="all",
+                      hidden_indices=layers)
+        for t in range(n_new):
+            one = model(tokens[:, prefix + t : prefix + t + 1], torch.tensor([[prefix + t]]), caches[1],
+                        logits_at="all", hidden_indices=layers)
+            caches[1].lengths[0] += 1
+            assert torch.equal(one.aux[0, 0], block.aux[0, t]), f"token {t}: activations differ"
+            assert torch.equal(one.logits[0, 0], block.logits[0, t]), f"token {t}: logits differ"
+
+
+def _attention_case(prefix, n_new, seed):
+    from eaglespec.runtime.kvcache import KVCache
+
+    torch.manual_seed(seed)
+    heads, kv_heads, dim = 9, 3, 64  # SmolLM2-135M's attention shape
+    q = torch.randn(1, n_new, heads, dim)
+    k, v = torch.randn(1, prefix + n_new, kv_heads, dim), torch.randn(1, prefix + n_new, kv_heads, dim)
+
+    def cache_with(slots):  # the prefix plus the given new tokens, contiguous, committed
+        c = KVCache(1, 1, kv_heads, prefix + n_new, dim)
+        idx = list(range(prefix)) + [prefix + j for j in slots]
+        c.k[0][0, :, : len(idx)] = k[0, idx].transpose(0, 1)
+        c.v[0][0, :, : len(idx)] = v[0, idx].transpose(0, 1)
+        c.lengths[0] = len(idx)
+        return c
+
+    return q, k, v, cache_with
+
+
+@pytest.mark.parametrize("prefix,n_new", [(40, 4), (255, 8), (600, 16)])
+def test_float64_attention_of_a_verified_chain_is_bit_identical_to_single_token_decodes(prefix, n_new):
+    """With compute_dtype float64 (what packed models use), cached_attention over T new tokens returns for each
+    exactly what a 1-token call returns once the tokens before it are committed. In float32 the blocked kernel
+    rounds differently (checked: the float32 outputs differ), which bfloat16 activations then amplify."""
+    from eaglespec.runtime.model import cached_attention
+
+    q, k, v, cache_with = _attention_case(prefix, n_new, prefix)
+    new = slice(prefix, prefix + n_new)
+    differs32 = False
+    for dtype in (torch.float64, torch.float32):
+        block = cached_attention(q, k[:, new], v[:, new], cache_with([]), 0, compute_dtype=dtype)
+        for t in range(n_new):
+            one = cached_attention(q[:, t : t + 1], k[:, prefix + t : prefix + t + 1],
+                                   v[:, prefix + t : prefix + t + 1], cache_with(range(t)), 0, compute_dtype=dtype)
+            if dtype == torch.float64:
+                assert torch.equal(one[0, 0], block[0, t]), f"token {t} of {n_new} after {prefix}"
+            else:
+                differs32 |= not torch.equal(one[0, 0], block[0, t])
+    assert differs32, "float32 attention was batch-invariant here: the case no longer shows why float64 is used"
+
+
+def test_float64_attention_of_a_tree_node_is_bit_identical_to_decoding_its_path():
+    """A tree node attends over the prefix and its ancestors scattered among other nodes' slots; in float64 the
+    result equals decoding the node after its path was committed contiguously."""
+    from eaglespec.runtime.model import cached_attention
+
+    prefix, parents = 130, [-1, 0, 0, 2, 1, 3]  # node 5's path: 0, 2, 3, 5
+    n_new = len(parents)
+    q, k, v, cache_with = _attention_case(prefix, n_new, 7)
+    mask = torch.zeros(1, n_new, n_new, dtype=torch.bool)
+    paths = []
+    for i in range(n_new):
+        path, j = [], i
+        while j >= 0:
+            path.append(j)
+            j = parents[j]
+        paths.append(path[::-1])
+        mask[0, i, path] = True
+    new = slice(prefix, prefix + n_new)
+    block = cached_attention(q, k[:, new], v[:, new], cache_with([]), 0, block_mask=mask, compute_dtype=torch.float64)
+    for i, path in enumerate(paths):
+        one = cached_attention(q[:, i : i + 1], k[:, prefix + i : prefix + i + 1], v[:, prefix + i : prefix + i + 1],
+                               cache_with(path[:-1]), 0, compute_dtype=torch.float64)
+        assert torch.equal(one[0, 0], block[0, i]), f"node {i} (path {path})"

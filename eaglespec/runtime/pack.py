@@ -3,7 +3,7 @@
 For a GGUF source in int4, the q/k/v, output, gate/up and down projections whose GGUF tensors are Q4_0 / Q4_1
 are packed from the file's own blocks (exact: the same 4-bit values, scales and offsets, scales rounded to
 bfloat16 for the kernel), fused the way the model fuses them; any other projection is quantized from its
-float32 weight. The lm_head is ranked in int8 with its best candidates rescored in float32 (see pack_model). Norms, rotary tables, attention and the KV cache stay float32.
+float32 weight. The lm_head is ranked in int8 with its best candidates rescored in float32 (see pack_model). Norms, rotary tables and the KV cache stay float32; attention computes in float64 (Transformer.attention_dtype).
 """
 
 from __future__ import annotations
@@ -62,5 +62,6 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     # dense float32 copy for prompts: only the last prompt position needs logits).
     always_packed = KernelPlan({"int8": [(1 << 30, "packed")]}, measured_on="lm_head")
     model.lm_head_packed = PackedLinear.from_float(model.lm_head_weight.data, "int8", plan=always_packed)
+    model.attention_dtype = torch.float64  # see Transformer.attention_dtype
     model.precision = fmt
     return counts
