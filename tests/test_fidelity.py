@@ -1,0 +1,44 @@
+"""`eaglespec fidelity`: answer comparison, perplexity and refusals."""
+
+import math
+
+import pytest
+import torch
+
+from eaglespec.measure.fidelity import _ppl_text, compare, perplexity
+from helpers import tiny_target
+
+
+def test_compare_counts_identical_answers_and_first_differences():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    got = [[1, 2, 3, 4], [5, 6, 0, 8], [0, 9, 9, 9]]
+    identical, first, agree = compare(got, ref)
+    assert identical == 1
+    assert first == (2 + 0) / 2
+    assert agree == (4 + 2 + 0) / 12
+
+
+def test_compare_treats_a_shorter_answer_as_differing_where_it_ends():
+    identical, first, _ = compare([[1, 2]], [[1, 2, 3]])
+    assert identical == 0 and first == 2
+
+
+def test_perplexity_is_exp_of_the_mean_next_token_nll():
+    target, _ = tiny_target("llama")
+    ids = [[3, 7, 11, 4, 9], [5, 6]]
+    got, n = perplexity(target, ids)
+    model = target.model
+    nll = 0.0
+    with torch.inference_mode():
+        for seq in ids:
+            t = torch.tensor([seq])
+            out = model(t, torch.arange(len(seq))[None], model.new_cache(1, len(seq)), logits_at="all")
+            nll -= float(torch.log_softmax(out.logits[0, :-1], -1).gather(-1, t[0, 1:, None]).sum())
+    assert n == 5
+    assert got == pytest.approx(math.exp(nll / 5), rel=1e-5)
+
+
+def test_perplexity_text_needs_a_question():
+    assert _ppl_text({"question": "q", "answer": "a"}, "f") == "q\na"
+    with pytest.raises(ValueError, match="no question"):
+        _ppl_text({"text": "x"}, "f.jsonl")
