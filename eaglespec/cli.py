@@ -106,7 +106,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     target = load_target(args.model, dtype=args.dtype, device=args.device)
-    log.info("loaded %s (%s, %s) in %.1f s", target.name, args.dtype, args.device, time.perf_counter() - t0)
+    log.info("loaded %s (%s, %s) in %.1f s", target.name, target.model.precision, args.device, time.perf_counter() - t0)
     ids = [encode_prompt(target.tokenizer, p, chat=not args.raw) for p in prompts]
     proposer = build_proposer(target, draft_options(args))
     if proposer is not None:
@@ -156,7 +156,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         costs, measured = calibration_for(target, head, head_dir, opts, recalibrate=args.force)
     how = f"measured now in {time.perf_counter() - t0:.1f} s" if measured else "cached (--force measures again)"
-    print(f"calibration of {target.name} ({args.dtype}, {torch.get_num_threads()} threads) with the head "
+    print(f"calibration of {target.name} ({target.model.precision}, {torch.get_num_threads()} threads) with the head "
           f"{head_dir}: {how}; cache {cache_root() / 'calibration'}")
     print(cost_table_text(costs, calibration_candidates(opts)))
     return 0

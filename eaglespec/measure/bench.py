@@ -494,7 +494,7 @@ class Bench:
 
             target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device)
         self.target = target
-        self.dtype = str(target.model.dtype).removeprefix("torch.")  # "bf16" and "bfloat16" alike
+        self.dtype = target.model.precision  # resolved (--dtype auto, "bf16" and "bfloat16" alike, int4, ...)
         self.machine = machine_facts(cfg.device, self.dtype)
         self.results: dict[tuple, dict] = {}  # record key -> record (resumed and new)
         self.skipped: dict[str, str] = {}  # method -> why
@@ -629,7 +629,7 @@ class Bench:
                 runner = self._peer_runner(m, batch)
             elif m.kind in ("hf", "hf-prompt-lookup"):
                 if self._hf_model is None:
-                    self._hf_model = build_hf_model(t, self.cfg.dtype, self.cfg.device)
+                    self._hf_model = build_hf_model(t, str(t.model.dtype).removeprefix("torch."), self.cfg.device)
                 runner = HFRunner(self._hf_model, t, m.k if m.kind == "hf-prompt-lookup" else 0)
             else:
                 runner = LlamaCppRunner(t.model.args.max_position_embeddings, self.cfg.seed)
@@ -829,7 +829,7 @@ def run_cost_curve(args: argparse.Namespace, target) -> Path:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / COST_FILE
-    extra = {"model": target.name, "machine": machine_facts(args.device, args.dtype)}
+    extra = {"model": target.name, "machine": machine_facts(args.device, target.model.precision)}
     with path.open("w", encoding="utf-8") as f:
         def write(rec: dict) -> None:
             f.write(json.dumps({**rec, **extra}) + "\n")

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK", "GGUFFileError", "GGUFTypeError", "check_gguf", "QuantTensor", "read_quant_tensors", "unpermute_rows"]
+__all__ = ["BLOCK", "GGUFFileError", "GGUFTypeError", "check_gguf", "native_precision", "QuantTensor",
+           "read_quant_tensors", "unpermute_rows"]
 
 BLOCK = 32
 NATIVE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -121,6 +122,35 @@ def read_quant_tensors(path: str | Path, names: list[str] | None = None) -> dict
             raise GGUFTypeError(f"{path}: tensor {t.name}: {shape[1]} columns is not a multiple of {BLOCK}")
         out[t.name] = _decode(t.name, type_name, t.data, shape)
     return out
+
+
+PRECISION_OF_TYPE = {"Q4_0": "int4", "Q4_1": "int4", "Q8_0": "int8"}
+"""The packed precision that runs a GGUF weight type as it is stored (other native types run in float32)."""
+_PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def native_precision(path: str | Path) -> tuple[str, str]:
+    """(precision, why): the precision that runs this GGUF's layer projections in the format they are stored in
+    (``--dtype auto``). "int4" when most are Q4_0/Q4_1, "int8" when most are Q8_0, else "float32" (dequantized):
+    float files, and files holding any 2-D tensor type this runtime does not read natively (e.g. Q4_K)."""
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    types: Counter[str] = Counter()
+    for t in reader.tensors:
+        type_name = t.tensor_type.name
+        if len(t.shape) == 2 and type_name not in NATIVE_TYPES:
+            return "float32", f"tensor {t.name} is {type_name}, which only the dequantized float32 path reads"
+        parts = t.name.split(".")
+        if len(parts) == 4 and parts[0] == "blk" and parts[2] in _PROJECTIONS:
+            types[type_name] += 1
+    if not types:
+        return "float32", "no layer projections found"
+    common, count = types.most_common(1)[0]
+    precision = PRECISION_OF_TYPE.get(common, "float32")
+    return precision, f"{count} of {sum(types.values())} layer projections are {common}"
 
 
 def unpermute_rows(n_rows: int, n_head: int) -> Tensor:

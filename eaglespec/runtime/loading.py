@@ -49,6 +49,8 @@ CACHE_FORMAT_VERSION = 1  # bump when the layout of a cache entry changes
 MANIFEST_NAME = "eaglespec-cache.json"  # written last: its presence marks a complete entry
 _MIB = 1 << 20
 
+AUTO_DTYPE = "auto"
+"""``--dtype auto`` (the default): a GGUF's own precision on CPU (``auto_precision``), float32 otherwise."""
 PACKED_DTYPES = ("int8", "int4")
 """Packed-weight precisions (CPU): int8 per channel, int4 group-wise (a GGUF's own Q4 blocks when it has them)."""
 _DTYPES = {
@@ -425,19 +427,43 @@ def _unique_ids(*values: Any) -> list[int]:
     return sorted(ids)
 
 
+def auto_precision(source: ModelSource, device: str | torch.device = "cpu") -> str:
+    """What ``--dtype auto`` runs: a GGUF on CPU in the precision its projections are stored in (Q4_0/Q4_1 ->
+    int4, Q8_0 -> int8: the file's own values in packed kernels, greedy speculation still identical to vanilla);
+    float32 for everything else (Hugging Face directories, float or unsupported GGUF types, GPUs)."""
+    if source.kind == "hf_dir" or torch.device(device).type != "cpu":
+        return "float32"
+    from eaglespec.runtime.gguf_blocks import native_precision
+
+    _check_gguf(source.path)
+    precision, why = native_precision(source.path)
+    logger.info("--dtype auto: %s (%s)", precision, why)
+    return precision
+
+
+def _packed_or_dtype(dtype: str | torch.dtype, device: str | torch.device) -> tuple[str | None, torch.dtype]:
+    """(packed format or None, the torch dtype the model is built in); refuses what cannot run on ``device``."""
+    packed = dtype.strip().lower() if isinstance(dtype, str) and dtype.strip().lower() in PACKED_DTYPES else None
+    if packed and torch.device(device).type != "cpu":
+        raise ModelLoadError(f"--dtype {packed} runs torch's CPU kernels; on {device} use bf16 or fp16")
+    return packed, torch.float32 if packed else resolve_dtype(dtype, device)
+
+
 def load_target(
     spec: ModelSource | str | os.PathLike[str] | None = None,
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = AUTO_DTYPE,
     device: str | torch.device = "cpu",
 ) -> Target:
     """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`."""
     from eaglespec.runtime.model import ModelArgs, Transformer
 
-    packed = dtype.strip().lower() if isinstance(dtype, str) and dtype.strip().lower() in PACKED_DTYPES else None
-    if packed and torch.device(device).type != "cpu":
-        raise ModelLoadError(f"--dtype {packed} runs torch's CPU kernels; on {device} use bf16 or fp16")
-    torch_dtype = torch.float32 if packed else resolve_dtype(dtype, device)  # refuse a bad dtype first
+    auto = isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE
+    if not auto:
+        _packed_or_dtype(dtype, device)  # refuse a bad dtype before touching the model
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
+    if auto:
+        dtype = auto_precision(source, device)
+    packed, torch_dtype = _packed_or_dtype(dtype, device)
     checkpoint = load_checkpoint(source, torch_dtype)
     args = ModelArgs.from_hf_config(checkpoint.hf_config)
     model = Transformer.from_state_dict(args, checkpoint.state_dict, torch_dtype, device)
