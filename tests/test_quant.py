@@ -326,3 +326,22 @@ def test_float64_attention_of_a_tree_node_is_bit_identical_to_decoding_its_path(
         one = cached_attention(q[:, i : i + 1], k[:, prefix + i : prefix + i + 1], v[:, prefix + i : prefix + i + 1],
                                cache_with(path[:-1]), 0, compute_dtype=torch.float64)
         assert torch.equal(one[0, 0], block[0, i]), f"node {i} (path {path})"
+
+
+def test_int8_draft_head_next_to_a_packed_target_stays_lossless(packed_tiny):
+    """pack_linears turns every projection of a draft head into int8 (what build_proposer does next to a packed
+    target); its drafts move a little, the verified output does not."""
+    from eaglespec.runtime.pack import pack_linears
+
+    head = make_head(packed_tiny, "eagle3")
+    float_modules = sum(isinstance(m, torch.nn.Linear) for m in head.modules())
+    assert pack_linears(head, "int8") == float_modules > 0
+    assert not any(isinstance(m, torch.nn.Linear) for m in head.modules())
+    assert head.dtype == torch.float32
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(24, ignore_eos=True)) for p in PROMPTS]
+    with torch.inference_mode():
+        vanilla = [c.token_ids for c in Engine(packed_tiny, max_batch_size=1).generate(reqs)]
+        got = Engine(packed_tiny, EagleProposer(head, Chain(3)), max_batch_size=4).generate(reqs)
+    assert [c.token_ids for c in got] == vanilla
+    with pytest.raises(ValueError, match="unknown packed format"):
+        pack_linears(head, "int3")

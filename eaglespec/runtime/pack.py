@@ -15,7 +15,7 @@ import torch
 from eaglespec.runtime.gguf_blocks import QuantTensor, read_quant_tensors, unpermute_rows
 from eaglespec.runtime.quant import FORMATS, KernelPlan, PackedLinear
 
-__all__ = ["pack_model"]
+__all__ = ["pack_linears", "pack_model"]
 
 _GGUF_PARTS = {"wqkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",), "w13": ("ffn_gate", "ffn_up"),
                "w2": ("ffn_down",)}
@@ -65,3 +65,27 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     model.attention_dtype = torch.float64  # see Transformer.attention_dtype
     model.precision = fmt
     return counts
+
+
+def pack_linears(module: torch.nn.Module, fmt: str = "int8") -> int:
+    """Replace every ``nn.Linear`` inside ``module`` (in place) by a packed one quantized from its float weight
+    (bias kept); returns how many were replaced. Used for draft heads next to a packed target: a draft's weights
+    only decide what is proposed, never what is accepted, so its precision costs acceptance at most, not
+    correctness (the verification is exact either way)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
+    plan = KernelPlan({fmt: [(1 << 30, "packed")]}, measured_on="draft")
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            if child.weight.dtype != torch.float32 or child.weight.device.type != "cpu":
+                raise ValueError(f"packing {name}: needs a float32 CPU weight (got {child.weight.dtype} on "
+                                 f"{child.weight.device})")
+            packed = PackedLinear.from_float(child.weight.detach(), fmt, plan=plan)
+            if child.bias is not None:
+                packed.bias = child.bias.detach().clone()
+            setattr(module, name, packed)
+            count += 1
+        else:
+            count += pack_linears(child, fmt)
+    return count

@@ -456,11 +456,13 @@ class DraftHead(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        """The dtype the head computes in (its first floating-point parameter's: after ``pack_linears`` the
+        projections hold packed buffers and the norms keep the compute dtype)."""
+        return next(p.dtype for p in self.parameters() if p.is_floating_point())
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.embed_weight.device
 
     def decoder_layers(self) -> list[HeadLayer]:
         """The decoder layers in order (layer i uses cache layer i)."""
