@@ -349,3 +349,21 @@ def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
             per_step.append(len(calls))
     assert per_step[:10] == [0] * 10
     assert per_step[10] == per_step[11] + 1 and per_step[11] >= 2  # catch-up + (draft level + commit)
+
+
+def test_paused_dispatcher_probes_ever_less_often_while_drafting_does_not_pay():
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costly = flat_costs(per_token=0.01)  # a second token doubles the step: no tree pays without acceptance
+    d = AdaptiveDispatcher(costly, repick_every=1, probe_every=2, max_probe_every=8)
+    d.start_row(0)
+    probes = []
+    for step in range(60):
+        cfg = d.pick(1, [0])
+        if cfg.drafts:
+            probes.append(step)
+            d.observe([0], cfg, [0])  # nothing accepted
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] == 1 and gaps[0] == 4 and set(gaps[1:]) == {8}  # waits of 2, 4, then 8 (the cap) steps
+    with pytest.raises(ValueError, match="max_probe_every"):
+        AdaptiveDispatcher(costly, probe_every=8, max_probe_every=4)

@@ -5,8 +5,10 @@ per-request acceptance (``costmodel.py`` has the formulas).
   earlier requests showed about this head) and updated after every verification of that row.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size.
-* A batch that stopped drafting (choice ``none``) probes: every ``probe_every`` steps it drafts the cheapest
-  candidate once, so acceptance that recovers is seen again. (The proposer records the pairs of paused steps
+* A batch that stopped drafting (choice ``none``) probes: after ``probe_every`` steps it drafts the cheapest
+  candidate once, so acceptance that recovers is seen again; each probe after which drafting still does not
+  pay doubles the wait (up to ``max_probe_every``), so a head that never pays costs ever less (a probe costs
+  about a third of a step: measured 2-3% of all steps at a fixed interval of 16). (The proposer records the pairs of paused steps
   and catches its draft cache up in one forward when drafting resumes: ``proposer.py``.)
 * ``last`` holds the latest choice (a ``costmodel.Choice``: label, predicted speedup, expected tokens, step
   seconds); ``step`` the prediction for the tree the latest ``pick`` returned (a probe's own, while paused).
@@ -34,15 +36,17 @@ class AdaptiveDispatcher:
 
     def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
-                 margin: float = 1.02):
-        if repick_every < 1 or probe_every < 1:
-            raise ValueError("repick_every and probe_every must be >= 1")
+                 margin: float = 1.02, max_probe_every: int = 256):
+        if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every:
+            raise ValueError("repick_every and probe_every must be >= 1 and max_probe_every >= probe_every")
         self.costs = costs
         self.candidates = {c.label: c for c in candidates if c.drafts}
         self.none = NoDraft()
         self.pooled = prior or AcceptanceTracker()
         self.rows: dict[int, AcceptanceTracker] = {}
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
+        self.max_probe_every = max_probe_every
+        self._probe_wait = probe_every  # steps until the next probe while paused (doubles after each probe)
         self.last: Choice | None = None
         self.step: Choice | None = None
         self._current: TreeStrategy = self.none
@@ -100,11 +104,13 @@ class AdaptiveDispatcher:
         cfg, self.step = self._current, self.last
         if not cfg.drafts:
             self._since_draft += 1
-            if self._since_draft >= self.probe_every and self.candidates:
+            if self._since_draft >= self._probe_wait and self.candidates:
                 self._since_draft = 0
+                self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
                 cfg = min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
                 self.step = score(self.costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
                                   self._batch_tracker(rows)) or self.last
         else:
             self._since_draft = 0
+            self._probe_wait = self.probe_every  # drafting pays again: probe soon after the next pause
         return cfg
