@@ -599,7 +599,9 @@ class Bench:
         target_dir = t.source.path if t.source.kind == "hf_dir" else converted_dir(t.source.path)
         head = resolve_head_dir(DraftOptions(), t)
         if m.kind.startswith("vllm"):
-            config = {"target_dir": str(target_dir), "dtype": self.dtype, "threads": torch.get_num_threads(),
+            # vLLM runs the float checkpoint (our packed precisions are ours): the model's float dtype
+            float_dtype = str(t.model.dtype).removeprefix("torch.")
+            config = {"target_dir": str(target_dir), "dtype": float_dtype, "threads": torch.get_num_threads(),
                       "max_model_len": t.model.args.max_position_embeddings, "max_num_seqs": batch,
                       "head_dir": str(head) if m.kind == "vllm-eagle" else None, "method": "eagle3",
                       "num_speculative_tokens": m.k}
