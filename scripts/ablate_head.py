@@ -1,0 +1,257 @@
+"""Helpers of scripts/ablate_head.sh (issue 11: fixed-budget ablations of the SmolLM2-135M-Instruct head).
+
+  python scripts/ablate_head.py arms                      # name|data set|train flags|chain depths, one arm a line
+  python scripts/ablate_head.py cost --work W --out F     # the draft's own cost per finished arm (batch 1)
+  python scripts/ablate_head.py collect --work W --costs F --out DIR   # results.jsonl + table.md
+
+The arms change ONE thing each against the baseline (EAGLE-3, 1 layer, draft vocabulary 8192, TTT 3, soft
+labels, regenerated answers). Costs reuse the calibration's timers (``engine.calibrate.measure_verify`` and
+``measure_draft``: the engine drafting a chain on a fixed prompt, warm-up excluded); several rounds are run
+with the arms interleaved and the median of each kept, so a pause or a busy neighbour hits every arm alike.
+The predicted speedup is ``costmodel.predicted_speedup`` with the expected tokens of the chain from the
+per-depth acceptance measured through the engine on MT-bench first turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    change: str
+    data: str  # "regen" or "orig"
+    flags: tuple[str, ...] = ()
+    chains: tuple[int, ...] = (3,)  # chain depths measured through the engine
+
+
+# Order = run order: the ones to drop under time pressure last (32K first, then TTT 6).
+ARMS: tuple[Arm, ...] = (
+    Arm("baseline", "baseline (EAGLE-3, 1 layer, V' 8192, TTT 3, soft, regenerated)", "regen"),
+    Arm("hard", "hard labels (CE to the target's argmax)", "regen", ("--labels", "hard")),
+    Arm("layers2", "2 decoder layers", "regen", ("--num-layers", "2")),
+    Arm("vocab16k", "draft vocabulary 16384", "regen", ("--draft-vocab-size", "16384")),
+    Arm("vocabfull", "draft vocabulary = full 49152", "regen", ("--draft-vocab-size", "none")),
+    Arm("original", "original answers (same sources, ~same assistant tokens)", "orig"),
+    Arm("ttt6", "TTT 6 steps", "regen", ("--ttt-steps", "6"), (3, 6)),
+    Arm("vocab32k", "draft vocabulary 32768", "regen", ("--draft-vocab-size", "32768")),
+)
+
+
+def arm(name: str) -> Arm:
+    for a in ARMS:
+        if a.name == name:
+            return a
+    raise SystemExit(f"unknown arm {name!r}; arms: {', '.join(a.name for a in ARMS)}")
+
+
+def head_dir(work: Path, a: Arm) -> Path:
+    return work / "arms" / a.name / "out" / "head"
+
+
+def finished(work: Path) -> list[Arm]:
+    """Arms whose training wrote its final head."""
+    return [a for a in ARMS if (head_dir(work, a) / "config.json").is_file()]
+
+
+def cmd_arms(_: argparse.Namespace) -> int:
+    for a in ARMS:
+        print("|".join([a.name, a.data, " ".join(a.flags), ",".join(map(str, a.chains))]))
+    return 0
+
+
+def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: str | None) -> dict:
+    """Median seconds per drafting step (chain d, batch 1) per arm and of verify(1, n), over ``rounds``."""
+    import torch
+
+    from eaglespec.engine.calibrate import measure_draft, measure_verify
+    from eaglespec.runtime.loading import load_target
+    from eaglespec.runtime.quant import machine_fingerprint
+    from eaglespec.spec.heads import load_head
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.strategies import Chain
+
+    target = load_target(model, dtype="float32")
+    heads = {a.name: load_head(head_dir(work, a), target.model, dtype=target.model.dtype).eval() for a in arms}
+    depths = sorted({d for a in arms for d in a.chains})
+    verify: dict[int, list[float]] = {}
+    draft: dict[str, dict[int, list[float]]] = {a.name: {} for a in arms}
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        for (_, n), s in measure_verify(target.model, (1,), tuple([1] + [d + 1 for d in depths])).items():
+            verify.setdefault(n, []).append(s)
+        for a in arms:
+            def make(tree, head=heads[a.name]):
+                return EagleProposer(head, tree)
+            cands = {f"chain{d}": Chain(d) for d in a.chains}
+            for (_, label), s in measure_draft(target, make, cands, (1,), steps=steps).items():
+                draft[a.name].setdefault(int(label[len("chain"):]), []).append(s)
+        print(f"round {r + 1}/{rounds}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return {"machine": machine_fingerprint(), "torch": torch.__version__, "rounds": rounds, "steps": steps,
+            "verify_s": {str(n): statistics.median(v) for n, v in sorted(verify.items())},
+            "verify_all_s": {str(n): v for n, v in sorted(verify.items())},
+            "draft_s": {name: {str(d): statistics.median(v) for d, v in sorted(ds.items())}
+                        for name, ds in draft.items()},
+            "draft_all_s": {name: {str(d): v for d, v in sorted(ds.items())} for name, ds in draft.items()}}
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    work = Path(args.work)
+    arms = finished(work)
+    if not arms:
+        raise SystemExit(f"no finished arm under {work}/arms")
+    res = measure_costs(work, arms, args.rounds, args.steps, args.model)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    print(json.dumps({k: res[k] for k in ("machine", "verify_s", "draft_s")}, indent=1))
+    return 0
+
+
+def engine_acceptance(bench_dir: Path, depth: int) -> dict | None:
+    """Pooled tau and per-depth acceptance of the chain-``depth`` records of a bench run (None if absent)."""
+    from eaglespec.engine.stats import SequenceStats
+
+    path = bench_dir / "records.jsonl"
+    if not path.is_file():
+        return None
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = [r for r in recs if r.get("method_kind") == "eagle" and r.get("tree") == f"chain{depth}"]
+    if not recs:
+        return None
+    st = SequenceStats.pooled(SequenceStats.from_record(r) for r in recs)
+    return {"prompts": len(recs), "new_tokens": st.new_tokens, "rounds": st.target_forwards,
+            "tau": round(st.tau, 4), "acceptance_by_depth": [round(x, 4) for x in st.acceptance_by_position(depth)],
+            "mismatches": sum(bool(r.get("mismatch")) for r in recs)}
+
+
+def conditional(acc: list[float]) -> list[float]:
+    """Conditional acceptance a_d = P(depth d | depth d - 1) from the unconditional per-round rates."""
+    out, prev = [], 1.0
+    for p in acc:
+        out.append(p / prev if prev > 0 else 0.0)
+        prev = p
+    return out
+
+
+def train_facts(out_dir: Path) -> dict:
+    summ = json.loads((out_dir / "train_summary.json").read_text())
+    return {"steps": summ["step"], "token_passes": summ["tokens_seen"], "train_tokens": summ["tokens"],
+            "train_seconds": summ["train_seconds"], "train_tokens_per_s": summ["tokens_per_s"],
+            "heldout_top1": summ["eval_acc"], "heldout_positions": summ["eval_positions"]}
+
+
+def arm_result(work: Path, a: Arm, costs: dict) -> dict:
+    from eaglespec.spec.costmodel import CostTable, chain_expected_tokens, predicted_speedup
+
+    out = work / "arms" / a.name / "out"
+    cfg = json.loads((head_dir(work, a) / "config.json").read_text())
+    res = {"arm": a.name, "change": a.change, "data": a.data, "flags": " ".join(a.flags),
+           "head_params": _head_params(head_dir(work, a)), "draft_vocab": cfg.get("draft_vocab_size"),
+           **train_facts(out), "engine": {}}
+    verify = {(1, int(n)): s for n, s in costs["verify_s"].items()}
+    for d in a.chains:
+        acc = engine_acceptance(work / "arms" / a.name / "bench", d)
+        draft_s = costs["draft_s"].get(a.name, {}).get(str(d))
+        entry = {"draft_ms": None if draft_s is None else round(1e3 * draft_s, 3), **(acc or {})}
+        if acc and draft_s is not None:
+            table = CostTable(verify, {(1, f"chain{d}"): draft_s})
+            e = chain_expected_tokens(conditional(acc["acceptance_by_depth"]), d)
+            entry["expected_tokens"] = round(e, 4)
+            entry["verify1_ms"] = round(1e3 * table.verify_cost(1, 1), 3)
+            entry[f"verify{d + 1}_ms"] = round(1e3 * table.verify_cost(1, d + 1), 3)
+            entry["predicted_speedup_b1"] = round(predicted_speedup(table, 1, f"chain{d}", d + 1, e), 4)
+        res["engine"][f"chain{d}"] = entry
+    return res
+
+
+def _head_params(directory: Path) -> int:
+    """Trainable parameters of a saved head (the d2t / t2d index maps excluded)."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in directory.glob("*.safetensors"):
+        with safe_open(f, "pt") as st:
+            for k in st.keys():
+                if k not in ("d2t", "t2d"):
+                    n += math.prod(st.get_slice(k).get_shape())
+    return n
+
+
+def table_md(rows: list[dict]) -> str:
+    head = ("| arm | change | steps | token-passes | held-out top-1 (TTT steps) | tau (chain 3) | "
+            "acceptance d1/d2/d3 | draft ms (chain 3, b=1) | predicted speedup b=1 |")
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        c = r["engine"].get("chain3", {})
+        acc = "/".join(f"{x:.3f}" for x in c.get("acceptance_by_depth", [])) or "-"
+        top1 = " / ".join(f"{x:.3f}" for x in r["heldout_top1"])
+        tau = f"{c['tau']:.3f}" if "tau" in c else "-"
+        ms = f"{c['draft_ms']:.2f}" if c.get("draft_ms") is not None else "-"
+        sp = f"{c['predicted_speedup_b1']:.3f}" if "predicted_speedup_b1" in c else "-"
+        lines.append(f"| {r['arm']} | {r['change']} | {r['steps']} | {r['token_passes']:,} | {top1} | {tau} | "
+                     f"{acc} | {ms} | {sp} |")
+        for key, e in r["engine"].items():
+            if key == "chain3" or "tau" not in e:
+                continue
+            acc = "/".join(f"{x:.3f}" for x in e["acceptance_by_depth"])
+            lines.append(f"| {r['arm']} ({key}) | same head, {key} | | | | {e['tau']:.3f} | {acc} | "
+                         f"{e['draft_ms']:.2f} | {e.get('predicted_speedup_b1', float('nan')):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    import datetime
+    import platform
+
+    import torch
+
+    work, out = Path(args.work), Path(args.out)
+    costs = json.loads(Path(args.costs).read_text())
+    cpu = costs["machine"].split(" | ")[0]
+    rows = []
+    for a in finished(work):
+        r = arm_result(work, a, costs)
+        r.update({"cpu": cpu, "machine": costs["machine"], "torch": torch.__version__, "python": platform.python_version(),
+                  "date": datetime.date.today().isoformat()})
+        rows.append(r)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "costs.json").write_text(json.dumps(costs, indent=1))
+    (out / "table.md").write_text(table_md(rows))
+    print(table_md(rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("arms").set_defaults(func=cmd_arms)
+    c = sub.add_parser("cost")
+    c.add_argument("--work", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--rounds", type=int, default=7)
+    c.add_argument("--steps", type=int, default=24, help="decode steps per timed engine run")
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--model", default=None)
+    c.set_defaults(func=cmd_cost)
+    k = sub.add_parser("collect")
+    k.add_argument("--work", required=True)
+    k.add_argument("--costs", required=True)
+    k.add_argument("--out", required=True)
+    k.set_defaults(func=cmd_collect)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
