@@ -1,6 +1,6 @@
 """Helpers of scripts/ablate_head.sh (issue 11: fixed-budget ablations of the SmolLM2-135M-Instruct head).
 
-  python scripts/ablate_head.py arms                      # name|data set|train flags|chain depths, one arm a line
+  python scripts/ablate_head.py arms                      # name|data set|train flags|chain depths|fixed head
   python scripts/ablate_head.py cost --work W --out F     # the draft's own cost per finished arm (batch 1)
   python scripts/ablate_head.py collect --work W --costs F --out DIR   # results.jsonl + table.md
 
@@ -31,6 +31,8 @@ class Arm:
     data: str  # "regen" or "orig"
     flags: tuple[str, ...] = ()
     chains: tuple[int, ...] = (3,)  # chain depths measured through the engine
+    head: str | None = None  # a fixed head (repository path) instead of a training run: a reference, no budget
+    summary: str | None = None  # its training summary (repository path)
 
 
 # Order = run order: the ones to drop under time pressure last (32K first, then TTT 6).
@@ -43,6 +45,8 @@ ARMS: tuple[Arm, ...] = (
     Arm("original", "original answers (same sources, ~same assistant tokens)", "orig"),
     Arm("ttt6", "TTT 6 steps", "regen", ("--ttt-steps", "6"), (3, 6)),
     Arm("vocab32k", "draft vocabulary 32768", "regen", ("--draft-vocab-size", "32768")),
+    Arm("shipped", "reference: the shipped head (fine-tuned on 721K answer tokens, 3.15M token-passes)", "ref",
+        head="eaglespec/assets/smollm2-135m-instruct-eagle", summary="docs/results/head-2026-11-24/train_summary.json"),
 )
 
 
@@ -54,7 +58,7 @@ def arm(name: str) -> Arm:
 
 
 def head_dir(work: Path, a: Arm) -> Path:
-    return work / "arms" / a.name / "out" / "head"
+    return Path(a.head) if a.head else work / "arms" / a.name / "out" / "head"
 
 
 def finished(work: Path) -> list[Arm]:
@@ -64,7 +68,7 @@ def finished(work: Path) -> list[Arm]:
 
 def cmd_arms(_: argparse.Namespace) -> int:
     for a in ARMS:
-        print("|".join([a.name, a.data, " ".join(a.flags), ",".join(map(str, a.chains))]))
+        print("|".join([a.name, a.data, " ".join(a.flags), ",".join(map(str, a.chains)), a.head or ""]))
     return 0
 
 
@@ -153,7 +157,7 @@ def train_facts(out_dir: Path) -> dict:
 def arm_result(work: Path, a: Arm, costs: dict) -> dict:
     from eaglespec.spec.costmodel import CostTable, chain_expected_tokens, predicted_speedup
 
-    out = work / "arms" / a.name / "out"
+    out = Path(a.summary).parent if a.summary else work / "arms" / a.name / "out"
     cfg = json.loads((head_dir(work, a) / "config.json").read_text())
     res = {"arm": a.name, "change": a.change, "data": a.data, "flags": " ".join(a.flags),
            "head_params": _head_params(head_dir(work, a)), "draft_vocab": cfg.get("draft_vocab_size"),

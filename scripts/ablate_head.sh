@@ -3,8 +3,9 @@
 # Usage: bash scripts/ablate_head.sh [WORK] [RESULTS]    (resumable: rerun to continue; finished stages and
 #        arms are skipped)   WORK default /work/runs/ablate, RESULTS default docs/results/head-ablations-2026-11-24
 # Arms (scripts/ablate_head.py arms): baseline = EAGLE-3, 1 layer, draft vocab 8192, TTT 3, soft labels,
-# target-regenerated answers; each other arm changes one thing. Every arm is trained FROM SCRATCH, offline on
-# features captured once per data set, with the same optimizer steps, batch, lr schedule and seed.
+# target-regenerated answers; each other arm changes one thing; `shipped` (the shipped head) is a reference.
+# Every arm is trained FROM SCRATCH, offline on features captured once per data set, with the same optimizer
+# steps, batch, lr schedule and seed.
 # Environment: D (data dir, ../shared/data), THREADS (1), STEPS (optimizer steps per arm, 64),
 #   ORIG_STEPS (steps of the original-answers arm: default = STEPS scaled to the same epochs),
 #   REGEN_LIMIT (conversations per regenerated shard 0-6, 42), ORIG_LIMITS (ShareGPT GSM8K Alpaca, "225 143 72"),
@@ -49,9 +50,10 @@ ARMS=${ARMS:-$("$PY" scripts/ablate_head.py arms | cut -d'|' -f1 | tr '\n' ' ')}
 for arm in $ARMS; do
   line=$("$PY" scripts/ablate_head.py arms | awk -F'|' -v a="$arm" '$1 == a')
   [ -n "$line" ] || { echo "unknown arm $arm" >&2; exit 2; }
-  IFS='|' read -r _ data flags chains <<< "$line"
+  IFS='|' read -r _ data flags chains fixed <<< "$line"
   A="$WORK/arms/$arm"; mkdir -p "$A"
-  if [ ! -f "$A/out/head/config.json" ]; then
+  HEAD=${fixed:-$A/out/head}  # a reference arm (the shipped head) is measured, not trained
+  if [ ! -f "$HEAD/config.json" ]; then
     capture "$data"
     steps=$STEPS
     if [ "$data" = orig ]; then  # same epochs over ~the same assistant tokens (more, shorter records)
@@ -69,7 +71,7 @@ for arm in $ARMS; do
   fi
   # 4. acceptance through the engine: MT-bench first turns (never trained on), greedy, batch 8
   if [ ! -f "$A/bench/report.md" ]; then
-    M=(); for d in ${chains//,/ }; do M+=(--methods "eagle:head=$A/out/head,chain$d"); done
+    M=(); for d in ${chains//,/ }; do M+=(--methods "eagle:head=$HEAD,chain$d"); done
     RES=(); [ -e "$A/bench/records.jsonl" ] && RES=(--resume)
     "${E[@]}" bench --dataset "mt_bench=$D/mt_bench/question.jsonl" --max-turns 1 --limit "${BENCH_LIMIT:-24}" \
         --max-new-tokens "${TOKENS:-96}" "${M[@]}" --batch-size 8 --threads "$THREADS" --out "$A/bench" "${RES[@]}"
