@@ -85,7 +85,7 @@ def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: s
 
     target = load_target(model, dtype="float32")
     heads = {a.name: load_head(head_dir(work, a), target.model, dtype=target.model.dtype).eval() for a in arms}
-    depths = sorted({d for a in arms for d in a.chains})
+    depths = sorted({d for a in arms for d in cost_depths(a)})
     verify: dict[int, list[float]] = {}
     draft: dict[str, dict[int, list[float]]] = {a.name: {} for a in arms}
     for r in range(rounds):
@@ -95,7 +95,7 @@ def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: s
         for a in arms:
             def make(tree, head=heads[a.name]):
                 return EagleProposer(head, tree)
-            cands = {f"chain{d}": Chain(d) for d in a.chains}
+            cands = {f"chain{d}": Chain(d) for d in cost_depths(a)}
             for (_, label), s in measure_draft(target, make, cands, (1,), steps=steps).items():
                 draft[a.name].setdefault(int(label[len("chain"):]), []).append(s)
         print(f"round {r + 1}/{rounds}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -107,6 +107,12 @@ def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: s
             "draft_all_s": {name: {str(d): v for d, v in sorted(ds.items())} for name, ds in draft.items()}}
 
 
+def cost_depths(a: Arm) -> tuple[int, ...]:
+    """Chain depths whose drafting is timed: the measured chains and chain 1 (its tokens per round follow
+    from the depth-1 acceptance of any greedy chain: its first draft token is the same)."""
+    return tuple(sorted({1, *a.chains}))
+
+
 def cmd_cost(args: argparse.Namespace) -> int:
     import torch
 
@@ -115,8 +121,14 @@ def cmd_cost(args: argparse.Namespace) -> int:
     arms = finished(work)
     if not arms:
         raise SystemExit(f"no finished arm under {work}/arms")
+    out = Path(args.out)
+    if out.is_file() and not args.force:
+        have = set(json.loads(out.read_text())["draft_s"])
+        if {a.name for a in arms} <= have:
+            print(f"{out}: every finished arm is measured (--force measures again)", file=sys.stderr)
+            return 0
     res = measure_costs(work, arms, args.rounds, args.steps, args.model)
-    Path(args.out).write_text(json.dumps(res, indent=1))
+    out.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: res[k] for k in ("machine", "verify_s", "draft_s")}, indent=1))
     return 0
 
@@ -155,27 +167,40 @@ def train_facts(out_dir: Path) -> dict:
 
 
 def arm_result(work: Path, a: Arm, costs: dict) -> dict:
-    from eaglespec.spec.costmodel import CostTable, chain_expected_tokens, predicted_speedup
-
     out = Path(a.summary).parent if a.summary else work / "arms" / a.name / "out"
     cfg = json.loads((head_dir(work, a) / "config.json").read_text())
     res = {"arm": a.name, "change": a.change, "data": a.data, "flags": " ".join(a.flags),
            "head_params": _head_params(head_dir(work, a)), "draft_vocab": cfg.get("draft_vocab_size"),
-           **train_facts(out), "engine": {}}
-    verify = {(1, int(n)): s for n, s in costs["verify_s"].items()}
+           **train_facts(out), "engine": {}, "predicted_b1": {}}
     for d in a.chains:
         acc = engine_acceptance(work / "arms" / a.name / "bench", d)
-        draft_s = costs["draft_s"].get(a.name, {}).get(str(d))
-        entry = {"draft_ms": None if draft_s is None else round(1e3 * draft_s, 3), **(acc or {})}
-        if acc and draft_s is not None:
-            table = CostTable(verify, {(1, f"chain{d}"): draft_s})
-            e = chain_expected_tokens(conditional(acc["acceptance_by_depth"]), d)
-            entry["expected_tokens"] = round(e, 4)
-            entry["verify1_ms"] = round(1e3 * table.verify_cost(1, 1), 3)
-            entry[f"verify{d + 1}_ms"] = round(1e3 * table.verify_cost(1, d + 1), 3)
-            entry["predicted_speedup_b1"] = round(predicted_speedup(table, 1, f"chain{d}", d + 1, e), 4)
-        res["engine"][f"chain{d}"] = entry
+        if acc:
+            res["engine"][f"chain{d}"] = acc
+    if res["engine"]:  # the deepest measured chain's per-depth acceptance predicts every shallower chain
+        deepest = res["engine"][f"chain{max(int(k[5:]) for k in res['engine'])}"]["acceptance_by_depth"]
+        res["predicted_b1"] = prediction(costs, a, deepest)
     return res
+
+
+def prediction(costs: dict, a: Arm, acceptance: list[float]) -> dict:
+    """Per timed chain depth d: draft ms, verify ms, expected tokens per round from the measured acceptance,
+    the break-even tokens per round (step / plain step) and ``costmodel.predicted_speedup`` at batch 1."""
+    from eaglespec.spec.costmodel import CostTable, chain_expected_tokens, predicted_speedup
+
+    verify = {(1, int(n)): s for n, s in costs["verify_s"].items()}
+    out = {}
+    for d_text, draft_s in sorted(costs["draft_s"].get(a.name, {}).items(), key=lambda kv: int(kv[0])):
+        d = int(d_text)
+        if d > len(acceptance):
+            continue
+        table = CostTable(verify, {(1, f"chain{d}"): draft_s})
+        e = chain_expected_tokens(conditional(acceptance), d)
+        v1, vn = table.verify_cost(1, 1), table.verify_cost(1, d + 1)
+        out[f"chain{d}"] = {"draft_ms": round(1e3 * draft_s, 3), "verify1_ms": round(1e3 * v1, 3),
+                            f"verify{d + 1}_ms": round(1e3 * vn, 3), "expected_tokens": round(e, 4),
+                            "break_even_tokens": round((draft_s + vn) / v1, 4),
+                            "predicted_speedup": round(predicted_speedup(table, 1, f"chain{d}", d + 1, e), 4)}
+    return out
 
 
 def _head_params(directory: Path) -> int:
@@ -192,24 +217,30 @@ def _head_params(directory: Path) -> int:
 
 
 def table_md(rows: list[dict]) -> str:
-    head = ("| arm | change | steps | token-passes | held-out top-1 (TTT steps) | tau (chain 3) | "
-            "acceptance d1/d2/d3 | draft ms (chain 3, b=1) | predicted speedup b=1 |")
-    lines = [head, "|" + "---|" * 9]
+    cols = ["arm", "change", "steps", "token-passes", "held-out top-1 per TTT step", "tau (chain 3)",
+            "acceptance d1 / d2 / d3", "draft ms chain 1 / 3 (b=1)", "break-even tokens/round chain 1 / 3",
+            "predicted speedup b=1 chain 1 / 3"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         c = r["engine"].get("chain3", {})
-        acc = "/".join(f"{x:.3f}" for x in c.get("acceptance_by_depth", [])) or "-"
-        top1 = " / ".join(f"{x:.3f}" for x in r["heldout_top1"])
-        tau = f"{c['tau']:.3f}" if "tau" in c else "-"
-        ms = f"{c['draft_ms']:.2f}" if c.get("draft_ms") is not None else "-"
-        sp = f"{c['predicted_speedup_b1']:.3f}" if "predicted_speedup_b1" in c else "-"
-        lines.append(f"| {r['arm']} | {r['change']} | {r['steps']} | {r['token_passes']:,} | {top1} | {tau} | "
-                     f"{acc} | {ms} | {sp} |")
+        p1, p3 = r["predicted_b1"].get("chain1", {}), r["predicted_b1"].get("chain3", {})
+
+        def pair(key: str, fmt: str) -> str:
+            return " / ".join(format(p[key], fmt) if key in p else "-" for p in (p1, p3))
+
+        lines.append(" | ".join([
+            f"| {r['arm']}", r["change"], str(r["steps"]), f"{r['token_passes']:,}",
+            " / ".join(f"{x:.3f}" for x in r["heldout_top1"]), f"{c['tau']:.3f}" if c else "-",
+            " / ".join(f"{x:.3f}" for x in c.get("acceptance_by_depth", [])) or "-",
+            pair("draft_ms", ".2f"), pair("break_even_tokens", ".3f"), pair("predicted_speedup", ".3f")]) + " |")
         for key, e in r["engine"].items():
-            if key == "chain3" or "tau" not in e:
+            if key == "chain3":
                 continue
-            acc = "/".join(f"{x:.3f}" for x in e["acceptance_by_depth"])
-            lines.append(f"| {r['arm']} ({key}) | same head, {key} | | | | {e['tau']:.3f} | {acc} | "
-                         f"{e['draft_ms']:.2f} | {e.get('predicted_speedup_b1', float('nan')):.3f} |")
+            p = r["predicted_b1"].get(key, {})
+            lines.append(" | ".join([f"| {r['arm']} ({key})", f"the same head drafting a {key}", "", "", "",
+                                     f"{e['tau']:.3f} ({key})", " / ".join(f"{x:.3f}" for x in e["acceptance_by_depth"]),
+                                     f"{p.get('draft_ms', float('nan')):.2f}", f"{p.get('break_even_tokens', float('nan')):.3f}",
+                                     f"{p.get('predicted_speedup', float('nan')):.3f}"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -247,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--steps", type=int, default=24, help="decode steps per timed engine run")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--model", default=None)
+    c.add_argument("--force", action="store_true", help="measure again even if --out covers every finished arm")
     c.set_defaults(func=cmd_cost)
     k = sub.add_parser("collect")
     k.add_argument("--work", required=True)
