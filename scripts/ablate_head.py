@@ -145,9 +145,34 @@ def engine_acceptance(bench_dir: Path, depth: int) -> dict | None:
     if not recs:
         return None
     st = SequenceStats.pooled(SequenceStats.from_record(r) for r in recs)
-    return {"prompts": len(recs), "new_tokens": st.new_tokens, "rounds": st.target_forwards,
+    per_prompt = {f"{r['question_id']}:{r['turn']}": [(r.get("accepted_per_position") or [0])[0],
+                                                     r.get("target_forwards") or 0] for r in recs}
+    return {"per_prompt_d1": per_prompt, "prompts": len(recs), "new_tokens": st.new_tokens, "rounds": st.target_forwards,
             "tau": round(st.tau, 4), "acceptance_by_depth": [round(x, 4) for x in st.acceptance_by_position(depth)],
             "mismatches": sum(bool(r.get("mismatch")) for r in recs)}
+
+
+def paired_delta_d1(arm: dict, base: dict, resamples: int = 2000, seed: int = 0) -> dict | None:
+    """Depth-1 acceptance of ``arm`` minus ``base`` (pooled over prompts) with a 95% interval from a paired
+    bootstrap over the prompts both ran (rounds within a prompt are correlated: prompts are the unit)."""
+    import random
+
+    keys = sorted(set(arm["per_prompt_d1"]) & set(base["per_prompt_d1"]))
+    if not keys:
+        return None
+
+    def delta(ks: list[str]) -> float:
+        a_hit = sum(arm["per_prompt_d1"][k][0] for k in ks)
+        a_n = sum(arm["per_prompt_d1"][k][1] for k in ks)
+        b_hit = sum(base["per_prompt_d1"][k][0] for k in ks)
+        b_n = sum(base["per_prompt_d1"][k][1] for k in ks)
+        return a_hit / max(a_n, 1) - b_hit / max(b_n, 1)
+
+    rng = random.Random(seed)
+    boots = sorted(delta([rng.choice(keys) for _ in keys]) for _ in range(resamples))
+    return {"delta": round(delta(keys), 4), "ci95": [round(boots[int(0.025 * resamples)], 4),
+                                                     round(boots[int(0.975 * resamples) - 1], 4)],
+            "prompts": len(keys)}
 
 
 def conditional(acc: list[float]) -> list[float]:
@@ -218,7 +243,7 @@ def _head_params(directory: Path) -> int:
 
 def table_md(rows: list[dict]) -> str:
     cols = ["arm", "change", "steps", "token-passes", "held-out top-1 per TTT step", "tau (chain 3)",
-            "acceptance d1 / d2 / d3", "draft ms chain 1 / 3 (b=1)", "break-even tokens/round chain 1 / 3",
+            "acceptance d1 / d2 / d3", "d1 - baseline [95% CI]", "draft ms chain 1 / 3 (b=1)", "break-even tokens/round chain 1 / 3",
             "predicted speedup b=1 chain 1 / 3"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -231,17 +256,21 @@ def table_md(rows: list[dict]) -> str:
         lines.append(" | ".join([
             f"| {r['arm']}", r["change"], str(r["steps"]), f"{r['token_passes']:,}",
             " / ".join(f"{x:.3f}" for x in r["heldout_top1"]), f"{c['tau']:.3f}" if c else "-",
-            " / ".join(f"{x:.3f}" for x in c.get("acceptance_by_depth", [])) or "-",
+            " / ".join(f"{x:.3f}" for x in c.get("acceptance_by_depth", [])) or "-", _delta(r.get("d1_vs_baseline")),
             pair("draft_ms", ".2f"), pair("break_even_tokens", ".3f"), pair("predicted_speedup", ".3f")]) + " |")
         for key, e in r["engine"].items():
             if key == "chain3":
                 continue
             p = r["predicted_b1"].get(key, {})
             lines.append(" | ".join([f"| {r['arm']} ({key})", f"the same head drafting a {key}", "", "", "",
-                                     f"{e['tau']:.3f} ({key})", " / ".join(f"{x:.3f}" for x in e["acceptance_by_depth"]),
+                                     f"{e['tau']:.3f} ({key})", " / ".join(f"{x:.3f}" for x in e["acceptance_by_depth"]), "",
                                      f"{p.get('draft_ms', float('nan')):.2f}", f"{p.get('break_even_tokens', float('nan')):.3f}",
                                      f"{p.get('predicted_speedup', float('nan')):.3f}"]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _delta(d: dict | None) -> str:
+    return "-" if not d else f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -259,6 +288,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
         r.update({"cpu": cpu, "machine": costs["machine"], "torch": torch.__version__, "python": platform.python_version(),
                   "date": datetime.date.today().isoformat()})
         rows.append(r)
+    base = next((r["engine"].get("chain3") for r in rows if r["arm"] == "baseline"), None)
+    for r in rows:
+        c = r["engine"].get("chain3")
+        if base and c and r["arm"] != "baseline":
+            r["d1_vs_baseline"] = paired_delta_d1(c, base)
+    for r in rows:  # the per-prompt counts served the bootstrap; records.jsonl under bench/ keeps them
+        for e in r["engine"].values():
+            e.pop("per_prompt_d1", None)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "costs.json").write_text(json.dumps(costs, indent=1))
