@@ -9,7 +9,9 @@
 # Environment: D (data dir, ../shared/data), THREADS (1), STEPS (optimizer steps per arm, 64),
 #   ORIG_STEPS (steps of the original-answers arm: default = STEPS scaled to the same epochs),
 #   REGEN_LIMIT (conversations per regenerated shard 0-6, 42), ORIG_LIMITS (ShareGPT GSM8K Alpaca, "225 143 72"),
-#   ARMS (space list, default all), BENCH_LIMIT (MT-bench questions, 24), TOKENS (96), COST_ROUNDS (7).
+#   ARMS (space list, default all), BENCH_LIMIT (MT-bench questions, 24), TOKENS (96), COST_ROUNDS (7),
+#   COST_ONLY (space list of arms to time only: 1 optimizer step gives the head's shape, hence its draft cost,
+#   and no acceptance run; marked by ARM/COST_ONLY: delete the arm's folder to train it fully later).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:-/work/runs/ablate}
@@ -56,21 +58,24 @@ for arm in $ARMS; do
   if [ ! -f "$HEAD/config.json" ]; then
     capture "$data"
     steps=$STEPS
-    if [ "$data" = orig ]; then  # same epochs over ~the same assistant tokens (more, shorter records)
-      steps=${ORIG_STEPS:-$(( (STEPS * ($(records orig) - 32) + ($(records regen) - 32) / 2) / ($(records regen) - 32) ))}
+    if [[ " ${COST_ONLY:-} " == *" $arm "* ]]; then
+      steps=1; touch "$A/COST_ONLY"
+    elif [ "$data" = orig ]; then  # same epochs over ~the same assistant tokens (more, shorter records)
+      nr=$(( $(records regen) - 32 )); no=$(( $(records orig) - 32 ))  # training records (32 held out)
+      steps=${ORIG_STEPS:-$(( (STEPS * no + nr / 2) / nr ))}
     fi
     RESUME=(); [ -e "$A/out/checkpoints/latest" ] && RESUME=(--resume)
     # shellcheck disable=SC2086  # $flags is a list of flags
     "${E[@]}" train --features "$WORK/feat-$data" --out-dir "$A/out" --kind eagle3 --num-layers 1 \
-        --draft-vocab-size 8192 --ttt-steps 3 --labels soft $flags --lr 3e-4 --warmup-steps 30 --schedule cosine \
-        --precision bf16 --batch-size 4 --grad-accum 2 --max-steps "$steps" --eval-records 32 \
-        --eval-every "$steps" --eval-acceptance-prompts 0 --checkpoint-every 32 --keep-checkpoints 1 \
-        --log-every 4 --seed 0 --threads "$THREADS" "${RESUME[@]}" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' \
+        --draft-vocab-size 8192 --ttt-steps 3 --labels soft $flags --lr 3e-4 \
+        --warmup-steps "$(( steps < 30 ? 0 : 30 ))" --schedule cosine --precision bf16 --batch-size 4 \
+        --grad-accum 2 --max-steps "$steps" --eval-records 32 --eval-every "$steps" --eval-acceptance-prompts 0 \
+        --checkpoint-every 32 --keep-checkpoints 1 --log-every 4 --seed 0 --threads "$THREADS" "${RESUME[@]}" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' \
         > "$A/train.log.tmp" || { tail -20 "$A/train.log.tmp" >&2; exit 1; }
     mv "$A/train.log.tmp" "$A/train.log"
   fi
   # 4. acceptance through the engine: MT-bench first turns (never trained on), greedy, batch 8
-  if [ ! -f "$A/bench/report.md" ]; then
+  if [ ! -f "$A/bench/report.md" ] && [ ! -f "$A/COST_ONLY" ]; then
     M=(); for d in ${chains//,/ }; do M+=(--methods "eagle:head=$HEAD,chain$d"); done
     RES=(); [ -e "$A/bench/records.jsonl" ] && RES=(--resume)
     "${E[@]}" bench --dataset "mt_bench=$D/mt_bench/question.jsonl" --max-turns 1 --limit "${BENCH_LIMIT:-24}" \
