@@ -70,8 +70,8 @@ for arm in $ARMS; do
         --draft-vocab-size 8192 --ttt-steps 3 --labels soft $flags --lr 3e-4 \
         --warmup-steps "$(( steps < 30 ? 0 : 30 ))" --schedule cosine --precision bf16 --batch-size 4 \
         --grad-accum 2 --max-steps "$steps" --eval-records 32 --eval-every "$steps" --eval-acceptance-prompts 0 \
-        --checkpoint-every 32 --keep-checkpoints 1 --log-every 4 --seed 0 --threads "$THREADS" "${RESUME[@]}" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' \
-        > "$A/train.log.tmp" || { tail -20 "$A/train.log.tmp" >&2; exit 1; }
+        --checkpoint-every 32 --keep-checkpoints 1 --log-every 4 --seed 0 --threads "$THREADS" "${RESUME[@]}" \
+        2>&1 | tr '\r' '\n' | grep -v '^\s*$' > "$A/train.log.tmp" || { tail -20 "$A/train.log.tmp" >&2; exit 1; }
     mv "$A/train.log.tmp" "$A/train.log"
   fi
   # 4. acceptance through the engine: MT-bench first turns (never trained on), greedy, batch 8
