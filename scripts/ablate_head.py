@@ -201,9 +201,13 @@ def arm_result(work: Path, a: Arm, costs: dict) -> dict:
         acc = engine_acceptance(work / "arms" / a.name / "bench", d)
         if acc:
             res["engine"][f"chain{d}"] = acc
-    if res["engine"]:  # the deepest measured chain's per-depth acceptance predicts every shallower chain
+    deepest = []  # the deepest measured chain's per-depth acceptance predicts every shallower chain
+    if res["engine"]:
         deepest = res["engine"][f"chain{max(int(k[5:]) for k in res['engine'])}"]["acceptance_by_depth"]
-        res["predicted_b1"] = prediction(costs, a, deepest)
+    res["predicted_b1"] = prediction(costs, a, deepest)
+    if (work / "arms" / a.name / "COST_ONLY").is_file():
+        res["cost_only"] = True
+        res["change"] += " [cost only: 1 step, not trained]"
     return res
 
 
@@ -216,15 +220,15 @@ def prediction(costs: dict, a: Arm, acceptance: list[float]) -> dict:
     out = {}
     for d_text, draft_s in sorted(costs["draft_s"].get(a.name, {}).items(), key=lambda kv: int(kv[0])):
         d = int(d_text)
-        if d > len(acceptance):
-            continue
         table = CostTable(verify, {(1, f"chain{d}"): draft_s})
-        e = chain_expected_tokens(conditional(acceptance), d)
         v1, vn = table.verify_cost(1, 1), table.verify_cost(1, d + 1)
-        out[f"chain{d}"] = {"draft_ms": round(1e3 * draft_s, 3), "verify1_ms": round(1e3 * v1, 3),
-                            f"verify{d + 1}_ms": round(1e3 * vn, 3), "expected_tokens": round(e, 4),
-                            "break_even_tokens": round((draft_s + vn) / v1, 4),
-                            "predicted_speedup": round(predicted_speedup(table, 1, f"chain{d}", d + 1, e), 4)}
+        p = out[f"chain{d}"] = {"draft_ms": round(1e3 * draft_s, 3), "verify1_ms": round(1e3 * v1, 3),
+                                f"verify{d + 1}_ms": round(1e3 * vn, 3),
+                                "break_even_tokens": round((draft_s + vn) / v1, 4)}
+        if d <= len(acceptance):
+            e = chain_expected_tokens(conditional(acceptance), d)
+            p["expected_tokens"] = round(e, 4)
+            p["predicted_speedup"] = round(predicted_speedup(table, 1, f"chain{d}", d + 1, e), 4)
     return out
 
 
@@ -243,7 +247,7 @@ def _head_params(directory: Path) -> int:
 
 def table_md(rows: list[dict]) -> str:
     cols = ["arm", "change", "steps", "token-passes", "held-out top-1 per TTT step", "tau (chain 3)",
-            "acceptance d1 / d2 / d3", "d1 - baseline [95% CI]", "draft ms chain 1 / 3 (b=1)", "break-even tokens/round chain 1 / 3",
+            "acceptance d1 / d2 / d3", "d1 - baseline [95% CI]", "draft ms chain 1 / 3 (b=1)", "break-even tokens/round chain 1 / 3 (chain 1: d1 needed + 1)",
             "predicted speedup b=1 chain 1 / 3"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -254,8 +258,9 @@ def table_md(rows: list[dict]) -> str:
             return " / ".join(format(p[key], fmt) if key in p else "-" for p in (p1, p3))
 
         lines.append(" | ".join([
-            f"| {r['arm']}", r["change"], str(r["steps"]), f"{r['token_passes']:,}",
-            " / ".join(f"{x:.3f}" for x in r["heldout_top1"]), f"{c['tau']:.3f}" if c else "-",
+            f"| {r['arm']}", r["change"], str(r["steps"]), f"{r['token_passes']:,}" if not r.get("cost_only") else "-",
+            "-" if r.get("cost_only") else " / ".join(f"{x:.3f}" for x in r["heldout_top1"]),
+            f"{c['tau']:.3f}" if c else "-",
             " / ".join(f"{x:.3f}" for x in c.get("acceptance_by_depth", [])) or "-", _delta(r.get("d1_vs_baseline")),
             pair("draft_ms", ".2f"), pair("break_even_tokens", ".3f"), pair("predicted_speedup", ".3f")]) + " |")
         for key, e in r["engine"].items():
