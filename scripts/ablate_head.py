@@ -175,6 +175,32 @@ def paired_delta_d1(arm: dict, base: dict, resamples: int = 2000, seed: int = 0)
             "prompts": len(keys)}
 
 
+def greedy_tokens(work: Path) -> list[int]:
+    """The target's greedy answers to the bench prompts (every arm's output equals plain greedy decoding, so
+    the baseline's records serve all arms)."""
+    path = work / "arms" / "baseline" / "bench" / "records.jsonl"
+    if not path.is_file():
+        return []
+    return [t for line in path.read_text().splitlines() if line.strip() for t in json.loads(line)["token_ids"]]
+
+
+def coverage(directory: Path, tokens: list[int]) -> float | None:
+    """Share of ``tokens`` inside the head's draft vocabulary (target id = draft id + d2t[draft id]): a token
+    outside it is never drafted, so this bounds the depth-1 acceptance from above."""
+    import torch
+    from safetensors import safe_open
+
+    if not tokens:
+        return None
+    for f in directory.glob("*.safetensors"):
+        with safe_open(f, "pt") as st:
+            if "d2t" in st.keys():
+                d2t = st.get_tensor("d2t")
+                ids = set((d2t + torch.arange(d2t.numel())).tolist())
+                return round(sum(t in ids for t in tokens) / len(tokens), 4)
+    return 1.0  # no d2t: the full vocabulary
+
+
 def conditional(acc: list[float]) -> list[float]:
     """Conditional acceptance a_d = P(depth d | depth d - 1) from the unconditional per-round rates."""
     out, prev = [], 1.0
@@ -196,6 +222,7 @@ def arm_result(work: Path, a: Arm, costs: dict) -> dict:
     cfg = json.loads((head_dir(work, a) / "config.json").read_text())
     res = {"arm": a.name, "change": a.change, "data": a.data, "flags": " ".join(a.flags),
            "head_params": _head_params(head_dir(work, a)), "draft_vocab": cfg.get("draft_vocab_size"),
+           "mtbench_coverage": coverage(head_dir(work, a), greedy_tokens(work)),
            **train_facts(out), "engine": {}, "predicted_b1": {}}
     for d in a.chains:
         acc = engine_acceptance(work / "arms" / a.name / "bench", d)
@@ -246,7 +273,8 @@ def _head_params(directory: Path) -> int:
 
 
 def table_md(rows: list[dict]) -> str:
-    cols = ["arm", "change", "steps", "token-passes", "held-out top-1 per TTT step", "tau (chain 3)",
+    cols = ["arm", "change", "steps", "token-passes", "held-out top-1 per TTT step", "MT-bench coverage",
+            "tau (chain 3)",
             "acceptance d1 / d2 / d3", "d1 - baseline [95% CI]", "draft ms chain 1 / 3 (b=1)", "break-even tokens/round chain 1 / 3 (chain 1: d1 needed + 1)",
             "predicted speedup b=1 chain 1 / 3"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -260,6 +288,7 @@ def table_md(rows: list[dict]) -> str:
         lines.append(" | ".join([
             f"| {r['arm']}", r["change"], str(r["steps"]), f"{r['token_passes']:,}" if not r.get("cost_only") else "-",
             "-" if r.get("cost_only") else " / ".join(f"{x:.3f}" for x in r["heldout_top1"]),
+            "-" if r.get("mtbench_coverage") is None else f"{r['mtbench_coverage']:.3f}",
             f"{c['tau']:.3f}" if c else "-",
             " / ".join(f"{x:.3f}" for x in c.get("acceptance_by_depth", [])) or "-", _delta(r.get("d1_vs_baseline")),
             pair("draft_ms", ".2f"), pair("break_even_tokens", ".3f"), pair("predicted_speedup", ".3f")]) + " |")
@@ -267,7 +296,7 @@ def table_md(rows: list[dict]) -> str:
             if key == "chain3":
                 continue
             p = r["predicted_b1"].get(key, {})
-            lines.append(" | ".join([f"| {r['arm']} ({key})", f"the same head drafting a {key}", "", "", "",
+            lines.append(" | ".join([f"| {r['arm']} ({key})", f"the same head drafting a {key}", "", "", "", "",
                                      f"{e['tau']:.3f} ({key})", " / ".join(f"{x:.3f}" for x in e["acceptance_by_depth"]), "",
                                      f"{p.get('draft_ms', float('nan')):.2f}", f"{p.get('break_even_tokens', float('nan')):.3f}",
                                      f"{p.get('predicted_speedup', float('nan')):.3f}"]) + " |")
