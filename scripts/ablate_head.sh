@@ -7,7 +7,7 @@
 # Every arm is trained FROM SCRATCH, offline on features captured once per data set, with the same optimizer
 # steps, batch, lr schedule and seed.
 # Environment: D (data dir, ../shared/data), THREADS (1), STEPS (optimizer steps per arm, 64),
-#   ORIG_STEPS (steps of the original-answers arm: default = STEPS scaled to the same epochs),
+#   ORIG_STEPS (steps of the `original` arm: default = STEPS scaled to the same epochs; `original64`: STEPS),
 #   REGEN_LIMIT (conversations per regenerated shard 0-6, 42), ORIG_LIMITS (ShareGPT GSM8K Alpaca, "225 143 72"),
 #   ARMS (space list, default all), BENCH_LIMIT (MT-bench questions, 24), TOKENS (96), COST_ROUNDS (7),
 #   COST_ONLY (space list of arms to time only: 1 optimizer step gives the head's shape, hence its draft cost,
@@ -60,7 +60,7 @@ for arm in $ARMS; do
     steps=$STEPS
     if [[ " ${COST_ONLY:-} " == *" $arm "* ]]; then
       steps=1; touch "$A/COST_ONLY"
-    elif [ "$data" = orig ]; then  # same epochs over ~the same assistant tokens (more, shorter records)
+    elif [ "$arm" = original ]; then  # same epochs over ~the same assistant tokens (more, shorter records)
       nr=$(( $(records regen) - 32 )); no=$(( $(records orig) - 32 ))  # training records (32 held out)
       steps=${ORIG_STEPS:-$(( (STEPS * no + nr / 2) / nr ))}
     fi
