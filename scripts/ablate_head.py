@@ -20,6 +20,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,13 +74,12 @@ def cmd_arms(_: argparse.Namespace) -> int:
     return 0
 
 
-def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: str | None) -> dict:
-    """Median seconds per drafting step (chain d, batch 1) per arm and of verify(1, n), over ``rounds``."""
-    import torch
-
+def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: str | None,
+                  on_round: Callable[[dict], None] | None = None) -> dict:
+    """Median seconds per drafting step (chain d, batch 1) per arm and of verify(1, n), over ``rounds``;
+    ``on_round`` gets the summary so far after every round (a killed run keeps its finished rounds)."""
     from eaglespec.engine.calibrate import measure_draft, measure_verify
     from eaglespec.runtime.loading import load_target
-    from eaglespec.runtime.quant import machine_fingerprint
     from eaglespec.spec.heads import load_head
     from eaglespec.spec.proposer import EagleProposer
     from eaglespec.spec.strategies import Chain
@@ -100,8 +100,19 @@ def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: s
             for (_, label), s in measure_draft(target, make, cands, (1,), steps=steps).items():
                 draft[a.name].setdefault(int(label[len("chain"):]), []).append(s)
         print(f"round {r + 1}/{rounds}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    return {"machine": machine_fingerprint(), "torch": torch.__version__, "rounds": rounds, "steps": steps,
-            "verify_s": {str(n): statistics.median(v) for n, v in sorted(verify.items())},
+        if on_round is not None:
+            on_round(_cost_summary(verify, draft, rounds, r + 1, steps))
+    return _cost_summary(verify, draft, rounds, rounds, steps)
+
+
+def _cost_summary(verify: dict[int, list[float]], draft: dict[str, dict[int, list[float]]], rounds: int,
+                  done: int, steps: int) -> dict:
+    import torch
+
+    from eaglespec.runtime.quant import machine_fingerprint
+
+    return {"machine": machine_fingerprint(), "torch": torch.__version__, "rounds": rounds, "rounds_done": done,
+            "steps": steps, "verify_s": {str(n): statistics.median(v) for n, v in sorted(verify.items())},
             "verify_all_s": {str(n): v for n, v in sorted(verify.items())},
             "draft_s": {name: {str(d): statistics.median(v) for d, v in sorted(ds.items())}
                         for name, ds in draft.items()},
@@ -124,12 +135,16 @@ def cmd_cost(args: argparse.Namespace) -> int:
         raise SystemExit(f"no finished arm under {work}/arms")
     out = Path(args.out)
     if out.is_file() and not args.force:
-        have = set(json.loads(out.read_text())["draft_s"])
-        if {a.name for a in arms} <= have:
+        old = json.loads(out.read_text())
+        if {a.name for a in arms} <= set(old["draft_s"]) and old.get("rounds_done", old["rounds"]) >= old["rounds"]:
             print(f"{out}: every finished arm is measured (--force measures again)", file=sys.stderr)
             return 0
-    res = measure_costs(work, arms, args.rounds, args.steps, args.model)
-    out.write_text(json.dumps(res, indent=1))
+    def save(res: dict) -> None:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(res, indent=1))
+        tmp.replace(out)
+
+    res = measure_costs(work, arms, args.rounds, args.steps, args.model, on_round=save)
     print(json.dumps({k: res[k] for k in ("machine", "verify_s", "draft_s")}, indent=1))
     return 0
 
