@@ -79,7 +79,8 @@ for arm in $ARMS; do
     M=(); for d in ${chains//,/ }; do M+=(--methods "eagle:head=$HEAD,chain$d"); done
     RES=(); [ -e "$A/bench/records.jsonl" ] && RES=(--resume)
     "${E[@]}" bench --dataset "mt_bench=$D/mt_bench/question.jsonl" --max-turns 1 --limit "${BENCH_LIMIT:-24}" \
-        --max-new-tokens "${TOKENS:-96}" "${M[@]}" --batch-size 8 --threads "$THREADS" --out "$A/bench" "${RES[@]}"
+        --max-new-tokens "${TOKENS:-96}" "${M[@]}" --batch-size 8 --threads "$THREADS" --dtype float32 \
+        --out "$A/bench" "${RES[@]}"
   fi
 done
 
