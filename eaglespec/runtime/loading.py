@@ -435,8 +435,13 @@ def auto_precision(source: ModelSource, device: str | torch.device = "cpu") -> s
         return "float32"
     from eaglespec.runtime.gguf_blocks import native_precision
 
-    _check_gguf(source.path)
-    precision, why = native_precision(source.path)
+    try:
+        precision, why = native_precision(source.path)
+    except ImportError:
+        raise ModelLoadError(f"reading {source.path.name} needs the gguf package: {GGUF_INSTALL}") from None
+    except Exception:
+        _check_gguf(source.path)  # a damaged file: raise the error that names what is wrong with it
+        raise
     logger.info("--dtype auto: %s (%s)", precision, why)
     return precision
 
@@ -459,11 +464,10 @@ def load_target(
 
     auto = isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE
     if not auto:
-        _packed_or_dtype(dtype, device)  # refuse a bad dtype before touching the model
+        packed, torch_dtype = _packed_or_dtype(dtype, device)  # refuse a bad dtype before touching the model
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
     if auto:
-        dtype = auto_precision(source, device)
-    packed, torch_dtype = _packed_or_dtype(dtype, device)
+        packed, torch_dtype = _packed_or_dtype(auto_precision(source, device), device)
     checkpoint = load_checkpoint(source, torch_dtype)
     args = ModelArgs.from_hf_config(checkpoint.hf_config)
     model = Transformer.from_state_dict(args, checkpoint.state_dict, torch_dtype, device)

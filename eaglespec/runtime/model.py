@@ -571,8 +571,8 @@ class Transformer(nn.Module):
         # different activation, and greedy speculative output then drifted from vanilla output within 6-50
         # tokens on the default model. Attention in float64 rounded to float32 gives the same float32 for each
         # query however it was batched (measured: 30 of 30 verified tokens bit-identical to decoding them one
-        # by one, vs 3 of 30 in float32), for +3% of a decode step and +17% of a 16-token verification after 256 tokens (the float64
-        # copy of the cached keys and values grows with the context).
+        # by one, vs 3 of 30 in float32), for +3% of a decode step and +17% of a 16-token verification after
+        # 256 tokens (the float64 copy of the cached keys and values grows with the context).
         self.attention_dtype: torch.dtype | None = None
         self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 

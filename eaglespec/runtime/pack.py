@@ -3,7 +3,8 @@
 For a GGUF source in int4, the q/k/v, output, gate/up and down projections whose GGUF tensors are Q4_0 / Q4_1
 are packed from the file's own blocks (exact: the same 4-bit values, scales and offsets, scales rounded to
 bfloat16 for the kernel), fused the way the model fuses them; any other projection is quantized from its
-float32 weight. The lm_head is ranked in int8 with its best candidates rescored in float32 (see pack_model). Norms, rotary tables and the KV cache stay float32; attention computes in float64 (Transformer.attention_dtype).
+float32 weight. The lm_head is ranked in int8 with its best candidates rescored in float32 (see pack_model).
+Norms, rotary tables and the KV cache stay float32; attention computes in float64 (Transformer.attention_dtype).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ __all__ = ["pack_linears", "pack_model"]
 
 _GGUF_PARTS = {"wqkv": ("attn_q", "attn_k", "attn_v"), "wo": ("attn_output",), "w13": ("ffn_gate", "ffn_up"),
                "w2": ("ffn_down",)}
+
+
+def _always_packed(fmt: str, what: str) -> KernelPlan:
+    """A plan that runs every row count in the packed kernel (no dense float32 copy is kept)."""
+    return KernelPlan({fmt: [(1 << 30, "packed")]}, measured_on=what)
 
 
 def _fused_gguf(blocks: dict[str, QuantTensor], layer: int, attr: str, args) -> QuantTensor | None:
@@ -60,8 +66,8 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     # stays for the embedding and for rescoring the best candidates exactly (Transformer.output_logits): packed
     # kernels return bfloat16, whose ties would otherwise flip greedy argmaxes. Always the packed kernel (no
     # dense float32 copy for prompts: only the last prompt position needs logits).
-    always_packed = KernelPlan({"int8": [(1 << 30, "packed")]}, measured_on="lm_head")
-    model.lm_head_packed = PackedLinear.from_float(model.lm_head_weight.data, "int8", plan=always_packed)
+    model.lm_head_packed = PackedLinear.from_float(model.lm_head_weight.data, "int8",
+                                                   plan=_always_packed("int8", "lm_head"))
     model.attention_dtype = torch.float64  # see Transformer.attention_dtype
     model.precision = fmt
     return counts
@@ -74,7 +80,7 @@ def pack_linears(module: torch.nn.Module, fmt: str = "int8") -> int:
     correctness (the verification is exact either way)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
-    plan = KernelPlan({fmt: [(1 << 30, "packed")]}, measured_on="draft")
+    plan = _always_packed(fmt, "draft")
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear):
