@@ -239,7 +239,7 @@ def test_default_model_int4_runs_the_gguf_blocks_and_keeps_its_answers():
 @pytest.mark.parametrize("prefix,n_new", [(5, 2), (37, 5), (70, 9)])
 def test_packed_verification_forward_is_bit_identical_to_decoding_each_token(fmt, prefix, n_new):
     """A chain verified in one forward gets exactly the activations and logits of decoding its tokens one by
-    one (row-independent kernels and one query per attention head): what makes greedy speculative output equal
+    one (row-independent packed kernels, float64 attention): what makes greedy speculative output equal
     vanilla output in packed precisions, where bfloat16 activations amplify any last-bit difference."""
     target, _ = tiny_target("llama", seed=3)
     model = target.model
