@@ -139,6 +139,35 @@ def test_captured_features_equal_the_runtime_and_manifest(tiny):
         torch.testing.assert_close(getattr(off, name), getattr(on, name), rtol=1e-5, atol=1e-5)
 
 
+def test_capture_with_a_packed_target_stores_what_decoding_sees(tmp_path):
+    """--dtype int4 (what `auto` gives a Q4 GGUF): features are the packed runtime's for each record alone,
+    computed by the packed kernels as decoding computes them, and the manifest names the precision."""
+    from eaglespec.runtime.pack import pack_model
+
+    torch.manual_seed(0)
+    target, _ = tiny_target("llama", seed=3, num_hidden_layers=LAYERS)
+    pack_model(target.model, "int4")
+    rng = random.Random(1)
+    rows = [{"prompt": "Say " + " ".join(rng.choice(WORDS) for _ in range(6)), "response": "one two " * (k + 2)}
+            for k in range(6)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prepare_data(PrepareConfig(inputs=[str(tmp_path / "train.jsonl")], output=str(tmp_path / "data"), max_len=64),
+                 target)
+    capture_features(target, tmp_path / "data", tmp_path / "feat", IDS, torch.float32, shard_records=4,
+                     batch_tokens=256, progress=False)
+    store = FeatureStore(tmp_path / "feat")
+    assert store.manifest["compute_dtype"] == "int4"
+    records, _ = read_prepared(tmp_path / "data")
+    model = target.model
+    for i in range(len(records)):
+        ids = torch.tensor([records[i].input_ids])
+        with torch.no_grad():
+            out = model(ids, torch.arange(ids.shape[1])[None], model.new_cache(1, ids.shape[1]), hidden_indices=IDS)
+        rec = store.record(i)
+        torch.testing.assert_close(rec["hidden"], out.hidden[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rec["aux"], out.aux[0], rtol=1e-5, atol=1e-5)
+
+
 def test_capture_resumes_by_skipping_finished_shards(tiny, tmp_path):
     target, root = tiny
     out = tmp_path / "feat"

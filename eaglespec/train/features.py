@@ -194,7 +194,7 @@ def capture_features(
         "hidden_indices": [int(i) for i in hidden_indices],
         "feature_layer_convention": OUR_CONVENTION,
         "dtype": str(store_dtype).removeprefix("torch."),
-        "compute_dtype": str(model.dtype).removeprefix("torch."),
+        "compute_dtype": getattr(model, "precision", str(model.dtype).removeprefix("torch.")),
         "data": str(data_dir.resolve()),
         "data_sha256": data_manifest.get("data_sha256") or _sha256(data_dir / DATA_FILE),
         "records": len(records),
