@@ -6,7 +6,8 @@ per-request acceptance (``costmodel.py`` has the formulas).
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size.
 * A batch that stopped drafting (choice ``none``) probes: after ``probe_every`` steps it drafts the cheapest
-  candidate once, so acceptance that recovers is seen again; each probe after which drafting still does not
+  candidate for ``probe_steps`` steps in a row and then chooses again, so acceptance that recovers is seen
+  again; each probe after which drafting still does not
   pay doubles the wait (up to ``max_probe_every``), so a head that never pays costs ever less (at a fixed
   interval of 16 the probes cost 3-4% against no drafting with the int4 default). (The proposer records the
   pairs of paused steps and catches its draft cache up in one forward when drafting resumes: ``proposer.py``.)
@@ -36,17 +37,21 @@ class AdaptiveDispatcher:
 
     def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
-                 margin: float = 1.02, max_probe_every: int = 256):
-        if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every:
-            raise ValueError("repick_every and probe_every must be >= 1 and max_probe_every >= probe_every")
+                 margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4):
+        if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
+            raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
+                             "probe_every")
         self.costs = costs
         self.candidates = {c.label: c for c in candidates if c.drafts}
         self.none = NoDraft()
         self.pooled = prior or AcceptanceTracker()
         self.rows: dict[int, AcceptanceTracker] = {}
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
-        self.max_probe_every = max_probe_every
+        self.max_probe_every, self.probe_steps = max_probe_every, probe_steps
         self._probe_wait = probe_every  # steps until the next probe while paused (doubles after each probe)
+        self._probe_left = 0  # steps left in the current probe run
+        self._probe: TreeStrategy = self.none
+        self._probe_done = False  # a probe run just ended: choose again at the next step
         self.last: Choice | None = None
         self.step: Choice | None = None
         self._current: TreeStrategy = self.none
@@ -95,7 +100,11 @@ class AdaptiveDispatcher:
 
     def pick(self, batch_size: int, rows: Sequence[int] | None = None) -> TreeStrategy:
         rows = rows if rows is not None else list(self.rows)
-        if self._steps % self.repick_every == 0 or self.last is None:
+        if self._probe_left > 0:  # inside a probe run: keep drafting the probe, re-choose right after it
+            self._probe_left -= 1
+            self._steps += 1
+            return self._probe_step(batch_size, rows)
+        if self._steps % self.repick_every == 0 or self.last is None or self._probe_done:
             tracker = self._batch_tracker(rows)
             cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
             self.last = choose(self.costs, batch_size, cands, tracker, self.margin)
@@ -107,10 +116,19 @@ class AdaptiveDispatcher:
             if self._since_draft >= self._probe_wait and self.candidates:
                 self._since_draft = 0
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
-                cfg = min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
-                self.step = score(self.costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
-                                  self._batch_tracker(rows)) or self.last
+                self._probe = min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
+                self._probe_left = self.probe_steps - 1
+                return self._probe_step(batch_size, rows)
         else:
             self._since_draft = 0
             self._probe_wait = self.probe_every  # drafting pays again: probe soon after the next pause
+        self._probe_done = False
+        return cfg
+
+    def _probe_step(self, batch_size: int, rows: Sequence[int]) -> TreeStrategy:
+        """One step of a probe run; the choice is made again from its evidence once the run ends."""
+        cfg = self._probe
+        self.step = score(self.costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
+                          self._batch_tracker(rows)) or self.last
+        self._probe_done = self._probe_left == 0
         return cfg
