@@ -138,8 +138,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from eaglespec.engine.calibrate import calibration_candidates, calibration_for, cost_table_text
     from eaglespec.runtime.loading import cache_root, load_target
-    from eaglespec.spec.heads import load_head
-    from eaglespec.spec.speculative import resolve_head_dir
+    from eaglespec.spec.speculative import load_draft_head, resolve_head_dir
 
     if args.threads is not None:
         if args.threads < 1:
@@ -151,7 +150,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if head_dir is None:
         raise CLIError("no draft head to calibrate: give one with --draft DIR (the default model's head is "
                        "shipped; other models need their own)")
-    head = load_head(head_dir, target.model, dtype=target.model.dtype, device=target.model.device).eval()
+    head = load_draft_head(head_dir, target)
     t0 = time.perf_counter()
     with torch.inference_mode():
         costs, measured = calibration_for(target, head, head_dir, opts, recalibrate=args.force)

@@ -32,6 +32,25 @@ def test_cost_table_interpolates_and_extrapolates_along_tokens():
     assert t.verify_cost(3, 1) == 10.0  # nearest measured batch at or below
 
 
+def test_engine_overhead_is_paid_by_every_step_and_can_flip_the_choice():
+    # Bare forwards: a 2-node chain costs 1.2x a plain step plus 1 ms of drafting; accepted 30% of the time it
+    # breaks even (1.3 * 10 / 13 = 1.0) and is not chosen. The engine adds 3 ms to every step, drafting or not
+    # (verification, sampling, the host read): 1.3 * 13 / 16 = 1.056, and the chain pays.
+    verify = {(1, 1): 0.010, (1, 2): 0.012, (1, 4): 0.015}
+    bare = CostTable(verify, {(1, "chain1"): 0.001})
+    engine = CostTable(verify, {(1, "chain1"): 0.001}, overhead={1: 0.003})
+    assert engine.verify_cost(1, 1) == pytest.approx(0.013) and engine.verify_cost(1, 3) == pytest.approx(0.0165)
+    assert predicted_speedup(bare, 1, "chain1", 2, 1.3) == pytest.approx(1.3 * 10 / 13)
+    assert predicted_speedup(engine, 1, "chain1", 2, 1.3) == pytest.approx(1.3 * 13 / 16)
+    tracker = AcceptanceTracker()
+    for i in range(100):
+        tracker.update_chain(1, int((i + 1) * 0.3) - int(i * 0.3))  # accepted 3 of every 10, spread evenly
+    assert tracker.rates()[0] == pytest.approx(0.30, abs=0.02)
+    cands = {"chain1": (2, 1)}
+    assert choose(bare, 1, cands, tracker, margin=1.02).label == "none"
+    assert choose(engine, 1, cands, tracker, margin=1.02).label == "chain1"
+
+
 def test_a_stalled_measurement_does_not_make_speculation_look_free():
     # verify(2, 1) caught a stall of the shared machine: 4.8 s where its neighbours took ~65 ms. Uncapped,
     # a chain at batch 2 would be predicted ~30x faster than plain decoding and always chosen.
@@ -126,9 +145,27 @@ def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cal, "calibrate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured again")))
     again, measured = cal.load_or_calibrate(target, None, cands, tmp_path, head_id="h", batches=(1, 2))
+    assert set(table.overhead) == {1, 2} and all(v >= 0 for v in table.overhead.values())
     assert not measured and again.verify == table.verify and again.draft == table.draft
+    assert again.overhead == table.overhead
     with pytest.raises(AssertionError, match="measured again"):  # another head is another calibration
         cal.load_or_calibrate(target, None, cands, tmp_path, head_id="other", batches=(1, 2))
+
+
+def test_the_head_is_calibrated_as_it_runs():
+    # `eaglespec calibrate` once timed a float32 head while decoding ran it in int8 (2-3x cheaper) under the
+    # same cache key, so the dispatcher saw drafting at 3x its cost. Both now load through load_draft_head,
+    # and the head's precision is part of the key.
+    from eaglespec.engine.calibrate import head_precision
+    from eaglespec.runtime.pack import pack_linears
+    from helpers import tiny_target
+    from test_speculative import make_head
+
+    target, _ = tiny_target("llama")
+    head = make_head(target, "eagle3")
+    assert head_precision(head) == "float32"
+    pack_linears(head, "int8")
+    assert head_precision(head) == "int8"
 
 
 def _greedy_runs(target, proposer, prompts, n=32):

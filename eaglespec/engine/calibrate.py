@@ -5,7 +5,10 @@ Xeon, 1.66x on one EPYC), the precision, the thread count and the batch size, so
 say which tree pays. ``calibrate`` measures, with warm-up:
   * verify(b, n): a target forward of n tokens per row at batch b over a fixed prefix;
   * draft(b, shape): the drafter's time per step for each candidate tree shape, by running the engine with
-    that shape for a few steps on a fixed prompt (replay-free: the real head, the real tree code).
+    that shape on a fixed prompt for a short and a long decode and taking the difference per extra step
+    (the real head, the real tree code; a run's one-off costs cancel);
+  * overhead(b): the engine's per-step work beyond the forward (verification, sampling, host read), from a
+    short and a long plain decode the same way; every step pays it, drafting or not.
 The result (a ``costmodel.CostTable``) is cached as JSON under the cache directory, keyed by a fingerprint
 of the machine (CPU model, cores, threads, torch version), the model, its precision and the head, and reused
 until one of them changes. ``eaglespec calibrate`` runs it explicitly and prints the table.
@@ -30,7 +33,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_proposer", "calibrate", "calibration_for",
            "calibration_key", "cost_table_text", "load_or_calibrate"]
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: differential draft costs, engine overhead per step
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
@@ -93,14 +96,31 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
     return out
 
 
-@torch.inference_mode()
-def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
-                  steps: int = 4) -> dict[tuple[int, str], float]:
-    """Seconds of drafting per step for each candidate (label -> tree strategy) at each batch size: the engine
-    runs ``steps`` decode steps with that tree on a fixed prompt (after a warm-up run) and reports draft_s."""
+def _engine_run(target, proposer, batch: int, steps: int, prompt: list[int]):
+    """(wall seconds, stats of the first request) of one engine run of ``steps`` new tokens per row."""
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
 
+    engine = Engine(target, proposer, max_batch_size=batch)
+    reqs = [Request(prompt, GenerationConfig(steps, ignore_eos=True)) for _ in range(batch)]
+    t = time.perf_counter()
+    done = engine.generate(reqs)
+    return time.perf_counter() - t, done[0].stats
+
+
+# Steps of the short and the long run whose difference is timed: what a run pays once (the prompt, the draft
+# cache's first encoding, allocation) cancels out, which a per-step mean over a few steps does not (with 4
+# steps it counted the draft of a 2-node chain at 3.5 ms a step on a 2-core EPYC, where the benchmark measured
+# 1.2 ms, and kept the dispatcher from a chain that paid).
+SHORT_STEPS, LONG_STEPS = 4, 20
+
+
+@torch.inference_mode()
+def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
+                  ) -> dict[tuple[int, str], float]:
+    """Seconds of drafting per step for each candidate (label -> tree strategy) at each batch size: the engine
+    runs a short and a long decode with that tree on a fixed prompt (after a warm-up run), and the extra draft
+    seconds of the long one over its extra target forwards are one step's drafting."""
     batches = batches or BATCHES
     out: dict[tuple[int, str], float] = {}
     prompt = list(range(5, 5 + min(PREFIX, 64)))
@@ -109,13 +129,13 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
         if not tree.drafts:  # a plain step drafts nothing
             continue
         for b in measured:
-            engine = Engine(target, make_proposer(tree), max_batch_size=b)
-            reqs = [Request(prompt, GenerationConfig(steps, ignore_eos=True)) for _ in range(b)]
             if b == measured[0]:
-                engine.generate(reqs[:1])  # warm-up, once per tree
-            done = engine.generate(reqs)
-            st = done[0].stats
-            out[(b, label)] = st.draft_s / max(st.target_forwards, 1)
+                _engine_run(target, make_proposer(tree), 1, SHORT_STEPS, prompt)  # warm-up, once per tree
+            _, short = _engine_run(target, make_proposer(tree), b, SHORT_STEPS, prompt)
+            _, long = _engine_run(target, make_proposer(tree), b, LONG_STEPS, prompt)
+            forwards = long.target_forwards - short.target_forwards
+            out[(b, label)] = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
+                long.draft_s / max(long.target_forwards, 1)
         lo, hi = measured[0], measured[-1]
         for b in batches:
             if b not in measured:
@@ -124,23 +144,42 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     return out
 
 
+@torch.inference_mode()
+def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: Sequence[int] | None = None,
+                     ) -> dict[int, float]:
+    """The engine's per-step seconds beyond a 1-token target forward at each batch size: the wall time of a
+    plain (no drafting) engine decode, long run minus short run, per extra step, less verify(b, 1)."""
+    batches = batches or BATCHES
+    prompt = list(range(5, 5 + PREFIX))
+    out = {}
+    _engine_run(target, None, 1, SHORT_STEPS, prompt)  # warm-up
+    for b in batches:
+        short_s, _ = _engine_run(target, None, b, SHORT_STEPS, prompt)
+        long_s, _ = _engine_run(target, None, b, LONG_STEPS, prompt)
+        step = (long_s - short_s) / (LONG_STEPS - SHORT_STEPS)
+        out[b] = max(0.0, step - verify[(b, 1)])
+    return out
+
+
 def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
               head_id: str = "", precision: str = "float32") -> CostTable:
     t0 = time.perf_counter()
     verify = measure_verify(target.model, batches)
     draft = measure_draft(target, make_proposer, candidates, batches)
+    overhead = measure_overhead(target, CostTable(verify, {}).envelope, batches)
     log.info("calibrated %d verify and %d draft costs in %.1f s", len(verify), len(draft), time.perf_counter() - t0)
-    return CostTable(verify, draft, _fingerprint())
+    return CostTable(verify, draft, _fingerprint(), overhead)
 
 
 def _to_json(t: CostTable) -> dict:
     return {"fingerprint": t.fingerprint, "verify": [[b, n, s] for (b, n), s in sorted(t.verify.items())],
-            "draft": [[b, lab, s] for (b, lab), s in sorted(t.draft.items())]}
+            "draft": [[b, lab, s] for (b, lab), s in sorted(t.draft.items())],
+            "overhead": [[b, s] for b, s in sorted(t.overhead.items())]}
 
 
 def _from_json(d: dict) -> CostTable:
     return CostTable({(b, n): s for b, n, s in d["verify"]}, {(b, lab): s for b, lab, s in d["draft"]},
-                     d.get("fingerprint", ""))
+                     d.get("fingerprint", ""), {b: s for b, s in d["overhead"]})
 
 
 def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], cache_dir: str | os.PathLike[str],
@@ -181,6 +220,15 @@ def calibration_candidates(opts) -> list:
     return [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.samples_children]
 
 
+def head_precision(head) -> str:
+    """How the head's weights run ("int8" once packed next to a packed target, else its dtype): part of the
+    calibration key, since a float32 head drafts 2-3x slower than the same head in int8."""
+    from eaglespec.runtime.quant import PackedLinear
+
+    packed = sorted({m.fmt for m in head.modules() if isinstance(m, PackedLinear)})
+    return "+".join(packed) if packed else str(getattr(head, "dtype", "?")).removeprefix("torch.")
+
+
 def head_fingerprint(head_dir: Path) -> str:
     """Names, sizes and modification times of the head's files: another head (or retrained one) is another
     calibration."""
@@ -200,7 +248,7 @@ def calibration_for(target, head, head_dir: Path, opts, recalibrate: bool = Fals
 
     cands = calibration_candidates(opts)
     costs, measured = load_or_calibrate(target, make, {c.label: c for c in cands}, cache_root(),
-                                        head_id=head_fingerprint(head_dir),
+                                        head_id=f"{head_fingerprint(head_dir)}:{head_precision(head)}",
                                         precision=getattr(target.model, "precision", "?"), recalibrate=recalibrate)
     if measured:
         log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())
@@ -234,7 +282,10 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
 
     for b in batches:
         lines.append(f"{b:5d} | " + " | ".join(cell(b, n) for n in ns))
-    lines += ["", "per tree: ms of drafting, of verifying its nodes, of the whole step; break-even = tokens per step "
+    if costs.overhead:
+        lines += ["", "engine overhead per step (ms, added to every step below): " +
+                  ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.overhead.items()))]
+    lines += ["", "per tree: ms of drafting, of verifying its nodes (+ overhead), of the whole step; break-even = tokens per step "
               "(accepted + bonus) it needs to beat plain decoding", "batch | tree                 | nodes |  draft | "
               "verify |   step | break-even"]
     for b in batches:

@@ -44,7 +44,11 @@ def chain_expected_tokens(accept: Sequence[float], depth: int) -> float:
 @dataclass
 class CostTable:
     """Measured seconds: ``verify[(b, n)]`` a target forward of n tokens per row at batch b, ``draft[(b, s)]``
-    the drafting of shape label s at batch b (0 for ``none``). Missing entries are interpolated along n.
+    the drafting of shape label s at batch b (0 for ``none``), ``overhead[b]`` the engine's own work per step
+    at batch b beyond the target forward (verification, sampling, the host read, bookkeeping), paid by every
+    step whatever its tree: it is added to every ``verify_cost``, so that the plain step and a speculative
+    step carry it alike (without it, a tree's relative cost is overstated: a 2-node chain measured 1.16x a
+    plain step in the engine, 1.20x as bare forwards). Missing entries are interpolated along n.
 
     The model uses the verify costs through ``envelope``: a forward of more rows or more tokens cannot cost
     less, and on a shared machine a stall only ever adds time, so each verify(b, n) is capped by the
@@ -56,6 +60,7 @@ class CostTable:
     verify: dict[tuple[int, int], float]
     draft: dict[tuple[int, str], float]
     fingerprint: str = ""
+    overhead: dict[int, float] = field(default_factory=dict)
     envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -66,14 +71,15 @@ class CostTable:
         b = self._batch(batch)
         v = self.envelope
         ns = sorted(k[1] for k in v if k[0] == b)
+        extra = self.overhead.get(b, 0.0)
         if n in ns:
-            return v[(b, n)]
+            return v[(b, n)] + extra
         lo = max((x for x in ns if x < n), default=ns[0])
         hi = min((x for x in ns if x > n), default=ns[-1])
         if lo == hi:  # outside the measured range: scale the nearest linearly in n
-            return v[(b, lo)] * n / lo
+            return v[(b, lo)] * n / lo + extra
         t = (n - lo) / (hi - lo)
-        return (1 - t) * v[(b, lo)] + t * v[(b, hi)]
+        return (1 - t) * v[(b, lo)] + t * v[(b, hi)] + extra
 
     def stalled(self, factor: float = 1.2) -> list[tuple[int, int]]:
         """Verify measurements more than ``factor`` times a larger forward's: stalls to measure again."""

@@ -84,25 +84,34 @@ def resolve_head_dir(opts: DraftOptions, target) -> Path | None:
     return None
 
 
-def build_proposer(target, opts: DraftOptions, dtype=None, dispatcher_factory=None):
-    """An EagleProposer for `opts` (None = vanilla). The head is loaded strictly against the target.
-
-    ``dispatcher_factory(target, head, head_dir, opts)``: for ``--tree auto`` with ``opts.calibrate``, builds
-    the tree dispatcher instead of the static table (``engine.calibrate.build_calibrated_proposer`` passes
-    the acceptance-aware one; it lives above this layer because calibration runs the engine)."""
+def load_draft_head(head_dir, target, dtype=None):
+    """The head in ``head_dir`` as decoding runs it next to ``target``: loaded strictly against the target, in
+    eval mode, and with int8 weights next to a packed target. Everything that drafts or measures drafting
+    (the engine, ``eaglespec calibrate``) loads it here, so that what is calibrated is what runs."""
     from eaglespec.spec.heads import load_head
-    from eaglespec.spec.proposer import EagleProposer
 
-    head_dir = resolve_head_dir(opts, target)
-    trees = opts.dispatcher()  # validate tree options even when decoding without a head
-    if head_dir is None:
-        return None
     head = load_head(head_dir, target.model, dtype=dtype or target.model.dtype, device=target.model.device)
     head.eval()
     if target.model.precision in PACKED_FORMATS and head.dtype == torch.float32:
         # Next to a packed target the float32 head would cost a third of a decode step per draft step;
         # int8 weights read 4x less (measured in docs/RUNTIME.md), at no cost to losslessness.
         pack_linears(head, "int8")
+    return head
+
+
+def build_proposer(target, opts: DraftOptions, dtype=None, dispatcher_factory=None):
+    """An EagleProposer for `opts` (None = vanilla). The head is loaded strictly against the target.
+
+    ``dispatcher_factory(target, head, head_dir, opts)``: for ``--tree auto`` with ``opts.calibrate``, builds
+    the tree dispatcher instead of the static table (``engine.calibrate.build_calibrated_proposer`` passes
+    the acceptance-aware one; it lives above this layer because calibration runs the engine)."""
+    from eaglespec.spec.proposer import EagleProposer
+
+    head_dir = resolve_head_dir(opts, target)
+    trees = opts.dispatcher()  # validate tree options even when decoding without a head
+    if head_dir is None:
+        return None
+    head = load_draft_head(head_dir, target, dtype)
     if opts.tree == "auto" and opts.calibrate and dispatcher_factory is not None:
         trees = dispatcher_factory(target, head, head_dir, opts)
     return EagleProposer(head, trees, alignment=opts.alignment, draft_temperature=opts.draft_temperature,
