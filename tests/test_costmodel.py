@@ -416,6 +416,31 @@ def test_paused_dispatcher_probes_ever_less_often_while_drafting_does_not_pay(pr
         AdaptiveDispatcher(costly, probe_steps=0)
 
 
+def test_paused_dispatcher_chooses_again_only_on_new_evidence(monkeypatch):
+    """While paused nothing is observed, so the periodic re-pick would compute the same answer: it is skipped
+    until a probe's observations, a new row or a new batch size arrive."""
+    from eaglespec.spec import dispatch
+
+    calls = []
+    real = dispatch.choose
+    monkeypatch.setattr(dispatch, "choose", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    costly = flat_costs(per_token=0.01)  # nothing pays without acceptance: the dispatcher pauses
+    d = dispatch.AdaptiveDispatcher(costly, repick_every=1, probe_every=8, max_probe_every=8, probe_steps=1)
+    d.start_row(0)
+    assert not d.pick(1, [0]).drafts and len(calls) == 1
+    for _ in range(5):  # paused, no probe yet: no new evidence
+        assert not d.pick(1, [0]).drafts
+    assert len(calls) == 1
+    d.start_row(1)
+    assert not d.pick(2, [0, 1]).drafts  # a new row (and batch size): chosen again
+    assert calls == [1, 2]
+    probe = d.pick(2, [0, 1])  # the 8th paused step probes
+    assert probe.drafts and calls == [1, 2]
+    d.observe([0, 1], probe, [0, 0])
+    d.pick(2, [0, 1])  # the probe ended with new evidence: chosen again
+    assert calls == [1, 2, 2]
+
+
 def _simulate(dispatcher, accept, steps, seed):
     """Chains drafted by ``dispatcher`` against a head accepted with probability ``accept`` at every depth."""
     rng = random.Random(seed)

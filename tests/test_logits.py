@@ -58,14 +58,14 @@ def test_mismatched_weight_is_refused():
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_packed_models_rank_in_int8_and_pick_float32_winners(fmt):
+def test_packed_models_rank_in_their_format_and_pick_float32_winners(fmt):
     torch.manual_seed(2)
     model = tiny_target()[0].model
     tokens = torch.randint(0, model.args.vocab_size, (2, 6))
     positions = torch.arange(6).expand(2, 6)
     want = model(tokens, positions, model.new_cache(2, 16), logits_at="all").logits
     pack_model(model, fmt)
-    assert model.lm_head_packed is not None and model.lm_head_packed.fmt == "int8"
+    assert model.lm_head_packed is not None and model.lm_head_packed.fmt == fmt
     hidden = model(tokens, positions, model.new_cache(2, 16)).hidden
     got = model.output_logits(hidden)
     cand = got.topk(4, -1).indices

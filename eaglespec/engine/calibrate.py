@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_proposer", "calibrate", "calibration_for",
            "calibration_key", "cost_table_text", "load_or_calibrate"]
 
-CALIBRATION_VERSION = 2  # 2: differential draft costs, engine overhead per step
+CALIBRATION_VERSION = 3  # 2: differential draft costs, engine overhead per step; 3: int4 models rank logits in int4
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128

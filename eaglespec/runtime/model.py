@@ -752,7 +752,7 @@ class Transformer(nn.Module):
     def output_logits(self, hidden: Tensor, prefill: bool = False) -> Tensor:
         """float32 logits [..., V] of final-normed ``hidden`` [..., H].
 
-        float32 models: the exact projection. Packed (int8 lm_head) and bfloat16 models: the fast projection
+        float32 models: the exact projection. Packed (int8 / int4 lm_head) and bfloat16 models: the fast projection
         ranks the vocabulary and its best candidates are rescored in float32 (``logits.rescored_logits``), so
         greedy choices do not hang on bfloat16 ties.
         """

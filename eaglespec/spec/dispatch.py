@@ -56,6 +56,8 @@ class AdaptiveDispatcher:
         self.step: Choice | None = None
         self._current: TreeStrategy = self.none
         self._steps = 0
+        self._observed = 0  # verifications observed so far: the acceptance evidence changes only with them
+        self._chosen_on: tuple | None = None  # (batch size, rows, observations) of the latest choice
         self._since_draft = 0
         self._active_rows: list[int] = []
 
@@ -80,6 +82,7 @@ class AdaptiveDispatcher:
         """After verifying ``cfg`` for these rows: accepted draft tokens per row."""
         if not cfg.drafts:
             return
+        self._observed += 1
         for r, k in zip(rows, n_accepted):
             for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pooled):
                 if isinstance(cfg, Chain):  # a chain's acceptance is per depth; other trees' per shape
@@ -104,7 +107,12 @@ class AdaptiveDispatcher:
             self._probe_left -= 1
             self._steps += 1
             return self._probe_step(batch_size, rows)
-        if self._steps % self.repick_every == 0 or self.last is None or self._probe_done:
+        # Re-choose every repick_every steps, but only on new evidence: while paused nothing is observed, and
+        # the same answer cost ~0.1 ms a step on the 2-core EPYC (~1% of a paused step).
+        evidence = (batch_size, tuple(rows), self._observed)
+        if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
+                or self._probe_done:
+            self._chosen_on = evidence
             tracker = self._batch_tracker(rows)
             cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
             self.last = choose(self.costs, batch_size, cands, tracker, self.margin)

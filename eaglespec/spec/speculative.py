@@ -48,7 +48,7 @@ class DraftOptions:
     """tree "auto": pick the tree per step from this machine's measured costs and live acceptance
     (dispatch.AdaptiveDispatcher; calibration cached per machine, model, precision and head); False = the
     static table by batch size (strategies.DEFAULT_TREE_TABLE)."""
-    max_lag: int = 16
+    max_lag: int = 64
     """Paused (no-draft) steps whose draft pairs are recorded before the draft cache catches up in one forward
     (proposer.EagleProposer); 0 = encode each at its step (what a paused step cost before; bench `lag=0`)."""
 
