@@ -88,7 +88,9 @@ def read_records(path: str | Path) -> list[dict]:
         records = data
     else:
         records = []
-        for lineno, line in enumerate(text.splitlines(), 1):
+        # Lines end at "\n" only (JSON Lines): str.splitlines() would also split inside a record at the
+        # U+2028 / U+2029 / U+0085 separators that valid JSON may hold raw (ShareGPT text does).
+        for lineno, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
             try:

@@ -178,6 +178,26 @@ def fake_sharegpt(tmp_path, monkeypatch):
     return install
 
 
+def test_json_lines_with_unicode_line_separators_read_whole(tmp_path):
+    """U+2028 / U+2029 / U+0085 may stand raw inside a JSON string (json.dumps(ensure_ascii=False) writes them
+    so; ShareGPT text has them): a JSON Lines reader must split at "\n" only. str.splitlines() cut such a
+    record in two, which refused a committed shard and made a resumed partial shard drop what followed."""
+    from eaglespec.datasets import read_records
+    from eaglespec.train.regenerate import _read_partial
+
+    recs = [{"index": i, "text": f"a\u2028b\u2029c\x85d {i}"} for i in range(3)]
+    body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+    assert "\u2028" in body
+    plain, packed = tmp_path / "r.jsonl", tmp_path / "r.jsonl.gz"
+    plain.write_text(body, encoding="utf-8")
+    packed.write_bytes(gzip.compress(body.encode("utf-8")))
+    assert read_records(plain) == recs and read_records(packed) == recs
+    partial = tmp_path / "shard.partial.jsonl"
+    partial.write_text(body + '{"index": 3, "te', encoding="utf-8")  # the last line cut by a kill
+    assert _read_partial(partial) == {r["index"]: r for r in recs}
+    assert partial.read_text(encoding="utf-8") == body
+
+
 def test_sharegpt_package_input_recovers_the_complete_conversations(fake_sharegpt, monkeypatch):
     recs = sharegpt_records(5)
     data = fake_sharegpt(recs)

@@ -26,7 +26,7 @@ def read_records(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     records = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_text(encoding="utf-8").split("\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue

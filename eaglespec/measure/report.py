@@ -290,7 +290,7 @@ def batch_table(records: Records) -> list[str]:
 # ============================================================================================ cost curve
 def read_cost_curve(out_dir: Path) -> list[dict]:
     path = Path(out_dir) / COST_FILE
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").split("\n") if ln.strip()] if path.is_file() else []
 
 
 def measured_trees(records: Records) -> list[dict]:

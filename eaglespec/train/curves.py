@@ -32,7 +32,7 @@ def learning_curve(metrics: str | Path) -> list[CurvePoint]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics.jsonl (give a training out_dir or its metrics.jsonl)")
     points = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         try:

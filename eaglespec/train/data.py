@@ -469,7 +469,7 @@ def regenerate_conversations(target: Any, convs: Sequence[Conversation], out_fil
     done: dict[int, Conversation] = {}
     if out_file.is_file():
         valid = []
-        for line in out_file.read_text(encoding="utf-8").splitlines():
+        for line in out_file.read_text(encoding="utf-8").split("\n"):
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:

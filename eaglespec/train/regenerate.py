@@ -164,7 +164,7 @@ def _read_partial(path: Path) -> dict[int, dict]:
     if not path.is_file():
         return done
     valid = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
