@@ -152,6 +152,29 @@ def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
         cal.load_or_calibrate(target, None, cands, tmp_path, head_id="other", batches=(1, 2))
 
 
+def test_a_calibration_taken_under_load_is_used_but_not_cached(tmp_path, monkeypatch):
+    from eaglespec.engine import calibrate as cal
+
+    good = flat_costs()
+    good.overhead = {1: 0.0005, 4: 0.001}
+    assert good.implausible() == []
+    busy = flat_costs()
+    busy.overhead = {1: 0.0, 4: 1.03}  # a second of bookkeeping a step: the machine stalled
+    assert any("overhead" in d and "batch 4" in d for d in busy.implausible())
+    slow_chain = flat_costs()
+    slow_chain.draft[(1, "chain2")] = 0.030  # 15 ms a level against 1 ms for the other chains
+    assert any("chain2" in d for d in slow_chain.implausible())
+
+    cands = {"chain1": Chain(1)}
+    target = type("T", (), {"name": "m"})()
+    tables = iter([busy, good])
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: next(tables))
+    table, measured = cal.load_or_calibrate(target, None, cands, tmp_path, head_id="h", batches=(1, 4))
+    assert table is busy and measured and not list(tmp_path.rglob("*.json"))  # used, not kept
+    table, measured = cal.load_or_calibrate(target, None, cands, tmp_path, head_id="h", batches=(1, 4))
+    assert table is good and measured and len(list(tmp_path.rglob("*.json"))) == 1  # measured again, kept
+
+
 def test_the_head_is_calibrated_as_it_runs():
     # `eaglespec calibrate` once timed a float32 head while decoding ran it in int8 (2-3x cheaper) under the
     # same cache key, so the dispatcher saw drafting at 3x its cost. Both now load through load_draft_head,

@@ -196,6 +196,11 @@ def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], c
         except (ValueError, KeyError, TypeError) as e:
             log.warning("%s: unreadable calibration (%s); measuring again", path, e)
     table = calibrate(target, make_proposer, candidates, batches, head_id, precision)
+    doubts = table.implausible()
+    if doubts:  # used for this run, not kept: the next run measures again (on a quieter machine, one hopes)
+        log.warning("calibration looks stalled by other load (%s); not caching it: the next run measures again "
+                    "(`eaglespec calibrate --force` once the machine is quiet)", "; ".join(doubts))
+        return table, True
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(_to_json(table), indent=1))
