@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_proposer", "calibrate", "calibration_for",
            "calibration_key", "cost_table_text", "load_or_calibrate"]
 
-CALIBRATION_VERSION = 3  # 2: differential draft costs, engine overhead per step; 3: int4 models rank logits in int4
+CALIBRATION_VERSION = 4  # 2: differential draft costs, engine overhead per step; 3: int4 models rank logits
+# in int4; 4: engine overhead from the fastest of 3 runs
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
@@ -146,16 +147,19 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
 
 @torch.inference_mode()
 def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: Sequence[int] | None = None,
-                     ) -> dict[int, float]:
+                     reps: int = 3) -> dict[int, float]:
     """The engine's per-step seconds beyond a 1-token target forward at each batch size: the wall time of a
-    plain (no drafting) engine decode, long run minus short run, per extra step, less verify(b, 1)."""
+    plain (no drafting) engine decode, long run minus short run, per extra step, less verify(b, 1). Each run
+    is the fastest of ``reps``, as verify(b, 1) is: one run of each (as until 2026-11-25) let a stall of a
+    quarter second land in the difference, which read as 16 ms of bookkeeping a step against a 15 ms
+    forward on a noisy 2-core machine and made every tree look cheap."""
     batches = batches or BATCHES
     prompt = list(range(5, 5 + PREFIX))
     out = {}
     _engine_run(target, None, 1, SHORT_STEPS, prompt)  # warm-up
     for b in batches:
-        short_s, _ = _engine_run(target, None, b, SHORT_STEPS, prompt)
-        long_s, _ = _engine_run(target, None, b, LONG_STEPS, prompt)
+        short_s = min(_engine_run(target, None, b, SHORT_STEPS, prompt)[0] for _ in range(reps))
+        long_s = min(_engine_run(target, None, b, LONG_STEPS, prompt)[0] for _ in range(reps))
         step = (long_s - short_s) / (LONG_STEPS - SHORT_STEPS)
         out[b] = max(0.0, step - verify[(b, 1)])
     return out
