@@ -23,13 +23,17 @@ MODEL_HELP = "HF model directory or .gguf file (default: SmolLM2-135M-Instruct f
 
 
 def add_model_args(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, dtype_help: str | None = None,
-                   dtypes: tuple[str, ...] = DTYPES) -> None:
-    """`--model`, `--dtype` and `--device` of the target."""
+                   dtypes: tuple[str, ...] = DTYPES, compile_flag: bool = True) -> None:
+    """`--model`, `--dtype` and `--device` of the target, and `--compile` where it decodes."""
     p.add_argument("--model", default=None, help=model_help)
     default = "auto" if "auto" in dtypes else "float32"
     p.add_argument("--dtype", default=default, choices=list(dtypes),
                    help=dtype_help or (AUTO_HELP if default == "auto" else None))
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    if compile_flag:
+        p.add_argument("--compile", action="store_true",
+                       help="run the target's decode and verification forwards as one compiled graph (torch.compile; "
+                            "1-2 min per shape class the first time, then cached on disk; see docs/RUNTIME.md)")
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:

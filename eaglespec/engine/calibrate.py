@@ -186,6 +186,12 @@ def _from_json(d: dict) -> CostTable:
                      d.get("fingerprint", ""), {b: s for b, s in d["overhead"]})
 
 
+def _runtime_label(model) -> str:
+    """The precision, and whether decode/verify forwards run compiled (they cost differently)."""
+    precision = getattr(model, "precision", "?")
+    return f"{precision}+compiled" if getattr(model, "step_graph", None) is not None else precision
+
+
 def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], cache_dir: str | os.PathLike[str],
                       head_id: str = "", precision: str = "float32", batches: Sequence[int] | None = None,
                       recalibrate: bool = False) -> tuple[CostTable, bool]:
@@ -258,7 +264,7 @@ def calibration_for(target, head, head_dir: Path, opts, recalibrate: bool = Fals
     cands = calibration_candidates(opts)
     costs, measured = load_or_calibrate(target, make, {c.label: c for c in cands}, cache_root(),
                                         head_id=f"{head_fingerprint(head_dir)}:{head_precision(head)}",
-                                        precision=getattr(target.model, "precision", "?"), recalibrate=recalibrate)
+                                        precision=_runtime_label(target.model), recalibrate=recalibrate)
     if measured:
         log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())
     return costs, measured

@@ -427,6 +427,8 @@ class BenchConfig:
     model: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
+    compile: bool = False
+    """Decode and verification forwards as one compiled graph (runtime.compiled)."""
     limit: int | None = None
     """First N questions per dataset (after the category filters)."""
     limit_per_category: int | None = None
@@ -506,10 +508,11 @@ class Bench:
         if target is None:
             from eaglespec.runtime.loading import load_target
 
-            target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device)
+            target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, compile=cfg.compile)
         self.target = target
         self.dtype = target.model.precision  # resolved (--dtype auto, "bf16" and "bfloat16" alike, int4, ...)
         self.machine = machine_facts(cfg.device, self.dtype)
+        self.machine["compiled"] = target.model.step_graph is not None
         self.results: dict[tuple, dict] = {}  # record key -> record (resumed and new)
         self.skipped: dict[str, str] = {}  # method -> why
         self.unavailable = {m.name: why for m in self.methods if (why := self._availability(m)) is not None}
@@ -915,7 +918,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise BenchError("nothing to do: give --dataset PATH (repeatable) and/or --cost-curve")
     try:
         cfg = BenchConfig(datasets=args.dataset, out=args.out, methods=args.methods or ["vanilla,eagle"],
-                          model=args.model, dtype=args.dtype, device=args.device, limit=args.limit,
+                          model=args.model, dtype=args.dtype, device=args.device, compile=args.compile, limit=args.limit,
                           limit_per_category=args.limit_per_category,
                           categories=args.categories.split(",") if args.categories else None,
                           max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
@@ -936,7 +939,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if target is None:
             from eaglespec.runtime.loading import load_target
 
-            target = load_target(args.model, dtype=args.dtype, device=args.device)
+            target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile)
         run_cost_curve(args, target)
     if not args.no_report:
         path = report.write_report(Path(args.out))

