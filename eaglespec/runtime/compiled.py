@@ -19,8 +19,7 @@ gets decoded in the 1-token graph; greedy speculative output equals vanilla outp
 round differently in the last bit, which bfloat16 kernel inputs can amplify), so one generation never mixes
 them: with a graph installed every decode and verification forward runs it.
 
-Compile time: one graph per class of shapes (batch 1 or more, 1 new token or more, the hidden states a
-proposer taps), 1-2 minutes each on a 2-core CPU the first time, ~15-25 s from inductor's on-disk cache
+Compile time: one graph per class of shapes (batch 1 or more, 1 new token or more), 1-2 minutes each on a 2-core CPU the first time, ~15-25 s from inductor's on-disk cache
 (``$TORCHINDUCTOR_CACHE_DIR``, by default under eaglespec's cache directory). Every graph's first call is
 checked against the eager forward; a graph that disagrees is dropped for the eager path with a warning.
 """
@@ -51,14 +50,15 @@ fused float32 norm flips some roundings and grows through the layers (measured o
 
 
 def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
-                start: Tensor, block: Tensor | None, hidden_indices: tuple[int, ...], want_logits: bool):
+                start: Tensor, block: Tensor | None, want_logits: bool):
     """The pure step: no cache writes, no host reads.
 
     tokens [B, T]; cos, sin [B, T, 1, D] rotary tables; keys, values [L, B, Hkv, S, D] cache slots [0, S) of the
     forward's rows; start [B] committed length of each row (slots >= start[b] are stale for row b); block
     [B, T, T] bool, new token i may see new token j (None = causal).
-    Returns hidden [B, T, H], aux [B, T, len(hidden_indices) * H] or None, logits [B, T, V] or None, and the
-    new tokens' keys and values [L, B, Hkv, T, D].
+    Returns hidden [B, T, H], every residual stream states [B, T, L + 1, H] (HF ``hidden_states`` order; the
+    caller picks the ones it taps, so one graph serves every proposer), logits [B, T, V] or None, and the new
+    tokens' keys and values [L, B, Hkv, T, D].
     """
     batch, n_new = tokens.shape
     n_prefix = keys.shape[3]
@@ -83,14 +83,13 @@ def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, ke
         return out.transpose(1, 2).reshape(batch, n_new, -1)  # [B, T, Hq * D]
 
     x = model.embed_tokens(tokens)  # [B, T, H]
-    saved = {0: x}
+    states = [x]
     for i, layer in enumerate(model.layers):
         x = decoder_layer(layer, i, x, (cos, sin), attend)
-        saved[i + 1] = x
+        states.append(x)
     hidden = rms_norm(x, model.norm, model.args.rms_norm_eps)
-    aux = torch.cat([saved[i] for i in hidden_indices], dim=-1) if hidden_indices else None
     logits = model.output_logits(hidden) if want_logits else None
-    return hidden, aux, logits, torch.stack(new_k), torch.stack(new_v)
+    return hidden, torch.stack(states, dim=2), logits, torch.stack(new_k), torch.stack(new_v)
 
 
 class CompiledStep:
@@ -130,9 +129,10 @@ class CompiledStep:
         start = cache.lengths[plan.rows]
         block = None if block_mask is None else block_mask.to(device=tokens.device, dtype=torch.bool)
         want_logits = logits_at is not None
-        hidden, aux, logits, new_k, new_v = self._graph(model, tokens, cos, sin, keys, values, start, block,
-                                                        indices, want_logits)
-        kind = (batch == 1, n_new == 1, indices, want_logits)
+        hidden, states, logits, new_k, new_v = self._graph(model, tokens, cos, sin, keys, values, start, block,
+                                                           want_logits)
+        aux = states[:, :, list(indices)].flatten(2) if indices else None  # [B, T, len(indices) * H]
+        kind = (batch == 1, n_new == 1, want_logits)
         if kind not in self._checked:
             self._checked.add(kind)
             ref = model.forward_eager(tokens, positions, cache, rows=rows, block_mask=block_mask,
