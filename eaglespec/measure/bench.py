@@ -818,7 +818,7 @@ def cost_curve(target, n_tokens: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch
             cache.reset()
             rows = torch.arange(batch, device=device)
             ctx = torch.randint(vocab, (batch, prefix), generator=gen).to(device)
-            model(ctx, torch.arange(prefix, device=device).expand(batch, prefix), cache, rows=rows)
+            model(ctx, torch.arange(prefix, device=device).expand(batch, prefix), cache, rows=rows, prefill=True)
             cache.advance(rows, torch.full((batch,), prefix, device=device))
             base = None
             for n in sorted(n_tokens):
