@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from eaglespec.runtime.kvcache import HostRows, KVCache
-from eaglespec.runtime.model import ForwardOutput, Transformer, decoder_layer, plan_attention, rms_norm
+from eaglespec.runtime.model import (ForwardOutput, Transformer, attention, decoder_layer, plan_attention,
+                                     rms_norm)
 
 __all__ = ["CompiledStep", "compile_step"]
 
@@ -68,7 +68,6 @@ def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, ke
     block = (block | own).expand(batch, n_new, n_new)  # [B, T, T]
     prefix = torch.arange(n_prefix, device=tokens.device)[None, :] < start[:, None]  # [B, S]
     mask = torch.cat([prefix[:, None, :].expand(batch, n_new, n_prefix), block], dim=-1)[:, None]  # [B, 1, T, S+T]
-    compute = model.attention_dtype
     new_k: list[Tensor] = []
     new_v: list[Tensor] = []
 
@@ -76,11 +75,8 @@ def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, ke
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, T, D]
         new_k.append(k)
         new_v.append(v)
-        kk, vv, qq = torch.cat([keys[i], k], dim=2), torch.cat([values[i], v], dim=2), q.transpose(1, 2)
-        if compute is not None and compute != qq.dtype:
-            qq, kk, vv = qq.to(compute), kk.to(compute), vv.to(compute)
-        out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True).to(k.dtype)
-        return out.transpose(1, 2).reshape(batch, n_new, -1)  # [B, T, Hq * D]
+        return attention(q, torch.cat([keys[i], k], dim=2), torch.cat([values[i], v], dim=2), mask,
+                         compute_dtype=model.attention_dtype)  # [B, T, Hq * D]
 
     x = model.embed_tokens(tokens)  # [B, T, H]
     states = [x]
@@ -160,11 +156,11 @@ class CompiledStep:
         return False
 
 
-def compile_step(model: Transformer) -> CompiledStep:
-    """Run ``model``'s decode and verification forwards as one compiled graph (see the module docstring)."""
-    from eaglespec.runtime.loading import cache_root
-
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+def compile_step(model: Transformer, cache_dir: str | os.PathLike[str] | None = None) -> CompiledStep:
+    """Run ``model``'s decode and verification forwards as one compiled graph (see the module docstring);
+    ``cache_dir``: where inductor keeps compiled graphs, unless ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise."""
+    if cache_dir is not None:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
     step = CompiledStep(model)
     model.step_graph = step
     return step

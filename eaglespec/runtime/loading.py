@@ -480,7 +480,7 @@ def load_target(
     if compile:
         from eaglespec.runtime.compiled import compile_step
 
-        compile_step(model)
+        compile_step(model, cache_dir=cache_root() / "inductor")
     return Target(
         model=model,
         tokenizer=checkpoint.tokenizer,

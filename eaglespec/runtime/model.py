@@ -49,6 +49,7 @@ __all__ = [
     "UnsupportedModelError",
     "LayerWeights",
     "apply_rotary",
+    "attention",
     "cached_attention",
     "decoder_layer",
     "plan_attention",
@@ -428,7 +429,7 @@ def cached_attention(
     Returns:
         [B, T, H * D] attention output (heads concatenated, ready for the output projection).
     """
-    batch, n_new, n_heads, head_dim = q.shape
+    batch, n_new = q.shape[:2]
     if plan is None:
         plan = plan_attention(cache, n_new, rows, block_mask, batch=batch)
     k_layer, v_layer = cache.k[layer], cache.v[layer]  # [max_batch, Hkv, max_len, D]
@@ -446,11 +447,21 @@ def cached_attention(
     else:
         keys = k_layer[plan.rows, :, : plan.n_slots]  # [B, Hkv, S, D] gathered copy
         values = v_layer[plan.rows, :, : plan.n_slots]
+    return attention(q, keys, values, plan.mask, plan.is_causal, compute_dtype)
+
+
+def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_causal: bool = False,
+              compute_dtype: torch.dtype | None = None) -> Tensor:
+    """The attention kernel call: q [B, T, H, D] over keys, values [B, Hkv, S, D] (grouped heads), mask bool
+    [B or 1, 1, T, S] (True = may attend) or None; computed in ``compute_dtype`` (see ``cached_attention``) and
+    returned as [B, T, H * D] in the keys' dtype."""
+    batch, n_new, n_heads, head_dim = q.shape
+    out_dtype = keys.dtype
     if compute_dtype is not None and compute_dtype != q.dtype:
         q, keys, values = q.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=plan.mask, is_causal=plan.is_causal, enable_gqa=True
-    ).to(k.dtype)  # [B, H, T, D]
+        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=is_causal, enable_gqa=True
+    ).to(out_dtype)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
 
 
