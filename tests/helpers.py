@@ -109,3 +109,23 @@ def quick_calibration(cache_dir):
         mp.setattr(cal, "PREFIX", 16)
         mp.setenv("EAGLESPEC_CACHE_DIR", str(cache_dir))
         yield
+
+
+def assert_block_equals_decodes(model, tokens, prefix: int, hidden_indices):
+    """Verify tokens[:, prefix:] in one forward after a prompt of `prefix` tokens, decode the same tokens one
+    by one on a second cache, and assert each token's activations and logits are bit-identical in both.
+    Returns (block forward output, [block cache, decode cache])."""
+    n_new = tokens.shape[1] - prefix
+    caches = [model.new_cache(1, prefix + n_new + 1) for _ in range(2)]
+    for c in caches:
+        model(tokens[:, :prefix], torch.arange(prefix)[None], c, prefill=True)
+        c.lengths[0] = prefix
+    block = model(tokens[:, prefix:], torch.arange(prefix, prefix + n_new)[None], caches[0], logits_at="all",
+                  hidden_indices=hidden_indices)
+    for t in range(n_new):
+        one = model(tokens[:, prefix + t: prefix + t + 1], torch.tensor([[prefix + t]]), caches[1],
+                    logits_at="all", hidden_indices=hidden_indices)
+        caches[1].lengths[0] += 1
+        assert torch.equal(one.aux[0, 0], block.aux[0, t]), f"token {t}: activations differ"
+        assert torch.equal(one.logits[0, 0], block.logits[0, t]), f"token {t}: logits differ"
+    return block, caches

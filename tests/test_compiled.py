@@ -13,7 +13,7 @@ from eaglespec.runtime.pack import pack_model
 from eaglespec.runtime.quant import KernelPlan
 from eaglespec.spec.proposer import EagleProposer
 from eaglespec.spec.strategies import Chain, DynamicTree
-from helpers import tiny_target, tiny_tokenizer
+from helpers import assert_block_equals_decodes, tiny_target, tiny_tokenizer
 from test_speculative import PROMPTS, make_head
 
 PACKED_ONLY = {f: [(1 << 30, "packed")] for f in quant.FORMATS}
@@ -45,24 +45,17 @@ def test_compiled_verification_is_bit_identical_to_compiled_decodes(compiled_int
     tokens = torch.randint(0, model.args.vocab_size, (1, prefix + n_new))
     taps = (1, 3)
     with torch.inference_mode():
-        caches = [model.new_cache(1, prefix + n_new + 1) for _ in range(3)]
-        for c in caches:
-            model(tokens[:, :prefix], torch.arange(prefix)[None], c, prefill=True)
-            c.lengths[0] = prefix
-        positions = torch.arange(prefix, prefix + n_new)[None]
-        block = model(tokens[:, prefix:], positions, caches[0], logits_at="all", hidden_indices=taps)
-        eager = model.forward_eager(tokens[:, prefix:], positions, caches[2], logits_at="all", hidden_indices=taps)
-        for t in range(n_new):
-            one = model(tokens[:, prefix + t: prefix + t + 1], torch.tensor([[prefix + t]]), caches[1],
-                        logits_at="all", hidden_indices=taps)
-            caches[1].lengths[0] += 1
-            assert torch.equal(one.aux[0, 0], block.aux[0, t]), f"token {t}: activations differ"
-            assert torch.equal(one.logits[0, 0], block.logits[0, t]), f"token {t}: logits differ"
+        block, caches = assert_block_equals_decodes(model, tokens, prefix, taps)
+        eager_cache = model.new_cache(1, prefix + n_new + 1)
+        model(tokens[:, :prefix], torch.arange(prefix)[None], eager_cache, prefill=True)
+        eager_cache.lengths[0] = prefix
+        eager = model(tokens[:, prefix:], torch.arange(prefix, prefix + n_new)[None], eager_cache, logits_at="all",
+                      hidden_indices=taps, eager=True)
     assert model.step_graph.disabled is None
     assert _relative_error(eager.logits, block.logits) < CHECK_RTOL
     # the graph's keys and values went into the cache where the eager forward puts them
     written = slice(prefix, prefix + n_new)
-    assert _relative_error(caches[2].k[:, :, :, written], caches[0].k[:, :, :, written]) < CHECK_RTOL
+    assert _relative_error(eager_cache.k[:, :, :, written], caches[0].k[:, :, :, written]) < CHECK_RTOL
     assert torch.equal(caches[0].k[:, :, :, written], caches[1].k[:, :, :, written])
 
 
@@ -97,7 +90,7 @@ def test_a_graph_that_disagrees_on_its_first_call_is_dropped_for_the_eager_forwa
             model(tokens[:, :10], torch.arange(10)[None], c, prefill=True)
             c.lengths[0] = 10
         got = model(tokens[:, 10:], torch.tensor([[10, 11]]), caches[0], logits_at="all")
-        ref = model.forward_eager(tokens[:, 10:], torch.tensor([[10, 11]]), caches[1], logits_at="all")
+        ref = model(tokens[:, 10:], torch.tensor([[10, 11]]), caches[1], logits_at="all", eager=True)
     assert step.disabled is not None and "disagreed" in step.disabled
     assert torch.equal(got.logits, ref.logits) and torch.equal(caches[0].k, caches[1].k)
     assert not step.handles(1, None, "all")  # from now on everything runs eager

@@ -14,7 +14,7 @@ from eaglespec.runtime.gguf_blocks import GGUFTypeError, read_quant_tensors, unp
 from eaglespec.runtime.pack import pack_model
 from eaglespec.runtime.quant import KernelPlan, PackedLinear, calibrate_kernels, dequantize_int4
 from eaglespec.spec.strategies import Chain, DynamicTree
-from helpers import tiny_target, tiny_tokenizer
+from helpers import assert_block_equals_decodes, tiny_target, tiny_tokenizer
 from test_speculative import PROMPTS, make_head
 
 PACKED_ONLY = {f: [(1 << 30, "packed")] for f in quant.FORMATS}
@@ -248,18 +248,7 @@ def test_packed_verification_forward_is_bit_identical_to_decoding_each_token(fmt
     tokens = torch.randint(0, model.args.vocab_size, (1, prefix + n_new))
     layers = list(range(model.args.num_hidden_layers + 1))
     with torch.inference_mode():
-        caches = [model.new_cache(1, prefix + n_new + 1) for _ in range(2)]
-        for c in caches:
-            model(tokens[:, :prefix], torch.arange(prefix)[None], c, prefill=True)
-            c.lengths[0] = prefix
-        block = model(tokens[:, prefix:], torch.arange(prefix, prefix + n_new)[None], caches[0], logits_at="all",
-                      hidden_indices=layers)
-        for t in range(n_new):
-            one = model(tokens[:, prefix + t : prefix + t + 1], torch.tensor([[prefix + t]]), caches[1],
-                        logits_at="all", hidden_indices=layers)
-            caches[1].lengths[0] += 1
-            assert torch.equal(one.aux[0, 0], block.aux[0, t]), f"token {t}: activations differ"
-            assert torch.equal(one.logits[0, 0], block.logits[0, t]), f"token {t}: logits differ"
+        assert_block_equals_decodes(model, tokens, prefix, layers)
 
 
 def _attention_case(prefix, n_new, seed):

@@ -111,10 +111,7 @@ class CompiledStep:
                  hidden_indices: Sequence[int] = (), host: HostRows | None = None) -> ForwardOutput:
         model = self.model
         batch, n_new = tokens.shape
-        indices = tuple(int(i) for i in hidden_indices)
-        bad = [i for i in indices if not 0 <= i <= model.args.num_hidden_layers]
-        if bad:
-            raise ValueError(f"hidden_indices {bad} out of range [0, {model.args.num_hidden_layers}]")
+        indices = list(hidden_indices)  # checked by Transformer.forward
         plan = plan_attention(cache, n_new, rows, None, positions=positions, batch=batch, host=host)
         n_prefix = plan.n_slots - n_new
         if plan.row_slice is not None:
@@ -127,12 +124,12 @@ class CompiledStep:
         want_logits = logits_at is not None
         hidden, states, logits, new_k, new_v = self._graph(model, tokens, cos, sin, keys, values, start, block,
                                                            want_logits)
-        aux = states[:, :, list(indices)].flatten(2) if indices else None  # [B, T, len(indices) * H]
+        aux = states[:, :, indices].flatten(2) if indices else None  # [B, T, len(indices) * H]
         kind = (batch == 1, n_new == 1, want_logits)
         if kind not in self._checked:
             self._checked.add(kind)
-            ref = model.forward_eager(tokens, positions, cache, rows=rows, block_mask=block_mask,
-                                      logits_at=logits_at, hidden_indices=indices, host=host)
+            ref = model(tokens, positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
+                        hidden_indices=indices, host=host, eager=True)
             if not self._agrees(ref, hidden, logits, kind):
                 return ref  # the eager forward wrote its own keys and values
         if plan.row_slice is not None and plan.uniform_start is not None:

@@ -707,11 +707,12 @@ class Transformer(nn.Module):
         hidden_indices: Sequence[int] = (),
         prefill: bool = False,
         host: HostRows | None = None,
+        eager: bool = False,
     ) -> ForwardOutput:
         """Run T new tokens per batch entry over the cache (see docs/ARCHITECTURE.md).
 
         Decode and verification forwards go to ``step_graph`` when one is installed and handles them
-        (``runtime.compiled``); everything else runs ``forward_eager`` (same arguments).
+        (``runtime.compiled``), unless ``eager``; everything else runs here in eager PyTorch.
 
         Args:
             tokens: int64 [B, T]; positions: int64 [B, T] rotary positions.
@@ -727,31 +728,15 @@ class Transformer(nn.Module):
             host: the rows' committed lengths as the caller holds them on the host (``plan_attention``):
                 the forward then reads nothing back from the device.
         """
-        step = self.step_graph
-        if step is not None and not prefill and step.handles(tokens.shape[1], block_mask, logits_at):
-            return step(tokens, positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
-                        hidden_indices=hidden_indices, host=host)
-        return self.forward_eager(tokens, positions, cache, rows, block_mask, logits_at, hidden_indices, prefill,
-                                  host)
-
-    def forward_eager(
-        self,
-        tokens: Tensor,
-        positions: Tensor,
-        cache: KVCache,
-        rows: Tensor | None = None,
-        block_mask: Tensor | None = None,
-        logits_at: Tensor | Literal["all"] | None = None,
-        hidden_indices: Sequence[int] = (),
-        prefill: bool = False,
-        host: HostRows | None = None,
-    ) -> ForwardOutput:
-        """``forward`` in eager PyTorch, whatever ``step_graph`` holds."""
         batch, n_new = tokens.shape
         n_layers = self.args.num_hidden_layers
         bad = [i for i in hidden_indices if not 0 <= i <= n_layers]
         if bad:
             raise ValueError(f"hidden_indices {bad} out of range [0, {n_layers}]")
+        step = self.step_graph
+        if step is not None and not (prefill or eager) and step.handles(n_new, block_mask, logits_at):
+            return step(tokens, positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
+                        hidden_indices=hidden_indices, host=host)
         plan = plan_attention(cache, n_new, rows, block_mask, positions=positions, batch=batch, host=host)
         window = self.args.sliding_window
         if window is not None and plan.n_slots > window:
