@@ -111,3 +111,67 @@ def test_only_decode_and_verification_forwards_take_the_graph(monkeypatch):
         assert not calls  # prompt forwards stay eager
         target.model(torch.zeros(1, 1, dtype=torch.long), torch.tensor([[3]]), cache, logits_at="all")
     assert calls == [torch.Size([1, 1])]
+
+
+def _graphs() -> int:
+    return len(torch._dynamo.eval_frame._debug_get_cache_entry_list(compiled._step_graph.__code__))
+
+
+def test_rows_joining_leaving_or_gathered_do_not_compile_new_graphs(compiled_int4):
+    """A batch's rows change as requests finish and join: contiguous or scattered rows, fewer rows, one row
+    left in a batch cache. Once the batch cache's two graphs (one token, several) exist, none of that may
+    compile another (each compile is 1-2 minutes on the default model mid-generation)."""
+    model = compiled_int4.model
+    vocab = model.args.vocab_size
+    torch.manual_seed(7)
+    cache = model.new_cache(4, 64)
+    with torch.inference_mode():
+        model(torch.randint(0, vocab, (4, 5)), torch.arange(5)[None].expand(4, 5), cache, prefill=True)
+        cache.lengths[:] = 5
+
+        def step(rows, n_new, block=None):
+            rows_t = torch.tensor(rows)
+            pos = cache.lengths[rows_t][:, None] + torch.arange(n_new)[None]
+            tokens = torch.randint(0, vocab, (len(rows), n_new))
+            out = model(tokens, pos, cache, rows=rows_t, block_mask=block, logits_at="all")
+            cache.lengths[rows_t] += n_new
+            return tokens, pos, out
+
+        step([0, 1, 2, 3], 1)
+        step([0, 1, 2, 3], 3)
+        before = _graphs()
+        step([0, 1, 2], 1)  # contiguous rows, fewer
+        step([0, 1, 3], 1)  # scattered rows (gathered)
+        step([1, 3], 3)
+        step([3], 3, torch.ones(1, 3, 3, dtype=torch.bool).tril())
+        snapshot = cache.k.clone()
+        tokens, pos, out = step([2], 1)  # one row left in a batch cache
+        assert _graphs() == before
+        assert model.step_graph.disabled is None
+        # the lone row ran twice in the batch graph; only its own new slot was written
+        changed = (cache.k != snapshot).any(dim=(0, 2, 4)).nonzero().tolist()  # [row, slot] pairs
+        assert changed and all(row == 2 and slot == int(pos[0, 0]) for row, slot in changed)
+        cache.lengths[2] -= 1
+        ref = model(tokens, pos, cache, rows=torch.tensor([2]), logits_at="all", eager=True)
+    assert _relative_error(ref.logits, out.logits) < CHECK_RTOL
+
+
+def test_a_graph_that_fails_to_compile_falls_back_to_eager(monkeypatch):
+    target, _ = tiny_target("llama", seed=6)
+    model = target.model
+    step = CompiledStep(model)
+
+    def broken(*args):
+        raise RuntimeError("inductor: C++ compile failed\nlong log")
+    monkeypatch.setattr(step, "_graph", broken)
+    model.step_graph = step
+    tokens = torch.randint(0, model.args.vocab_size, (1, 6))
+    with torch.inference_mode():
+        caches = [model.new_cache(1, 8) for _ in range(2)]
+        for c in caches:
+            model(tokens[:, :5], torch.arange(5)[None], c, prefill=True)
+            c.lengths[0] = 5
+        got = model(tokens[:, 5:], torch.tensor([[5]]), caches[0], logits_at="all")
+        ref = model(tokens[:, 5:], torch.tensor([[5]]), caches[1], logits_at="all", eager=True)
+    assert step.disabled == "the compiled step failed (RuntimeError: inductor: C++ compile failed)"
+    assert torch.equal(got.logits, ref.logits) and torch.equal(caches[0].k, caches[1].k)

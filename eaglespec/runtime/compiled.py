@@ -36,7 +36,7 @@ from torch import Tensor
 
 from eaglespec.runtime.kvcache import HostRows, KVCache
 from eaglespec.runtime.model import (ForwardOutput, Transformer, attention, decoder_layer, plan_attention,
-                                     rms_norm)
+                                     rms_norm, write_block)
 
 __all__ = ["CompiledStep", "compile_step"]
 
@@ -49,22 +49,22 @@ fused float32 norm flips some roundings and grows through the layers (measured o
 0.23 absolute in a final hidden state, relative error ~1e-2); a miscompiled graph is off by ~1."""
 
 
-def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor,
-                start: Tensor, block: Tensor | None, want_logits: bool):
+def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor,
+                rows: Tensor | None, start: Tensor, block: Tensor, want_logits: bool):
     """The pure step: no cache writes, no host reads.
 
-    tokens [B, T]; cos, sin [B, T, 1, D] rotary tables; keys, values [L, B, Hkv, S, D] cache slots [0, S) of the
-    forward's rows; start [B] committed length of each row (slots >= start[b] are stale for row b); block
-    [B, T, T] bool, new token i may see new token j (None = causal).
+    tokens [B, T]; cos, sin [B, T, 1, D] rotary tables; cache_k, cache_v [L, max_batch, Hkv, S, D] slots [0, S)
+    of every cache row (always a view of the whole cache, so that its strides and offset never change and
+    never trigger a recompile); rows [B] the forward's cache rows (None for a one-row cache: no gather); start [B] committed length of each row
+    (slots >= start[b] are stale for row b); block [B, T, T] bool, new token i may see new token j.
     Returns hidden [B, T, H], every residual stream states [B, T, L + 1, H] (HF ``hidden_states`` order; the
     caller picks the ones it taps, so one graph serves every proposer), logits [B, T, V] or None, and the new
     tokens' keys and values [L, B, Hkv, T, D].
     """
     batch, n_new = tokens.shape
-    n_prefix = keys.shape[3]
+    n_prefix = cache_k.shape[3]
+    keys, values = (cache_k, cache_v) if rows is None else (cache_k[:, rows], cache_v[:, rows])  # [L, B, Hkv, S, D]
     own = torch.eye(n_new, dtype=torch.bool, device=tokens.device)
-    if block is None:
-        block = torch.ones(n_new, n_new, dtype=torch.bool, device=tokens.device).tril()[None]
     block = (block | own).expand(batch, n_new, n_new)  # [B, T, T]
     prefix = torch.arange(n_prefix, device=tokens.device)[None, :] < start[:, None]  # [B, S]
     mask = torch.cat([prefix[:, None, :].expand(batch, n_new, n_prefix), block], dim=-1)[:, None]  # [B, 1, T, S+T]
@@ -113,33 +113,46 @@ class CompiledStep:
         batch, n_new = tokens.shape
         indices = list(hidden_indices)  # checked by Transformer.forward
         plan = plan_attention(cache, n_new, rows, None, positions=positions, batch=batch, host=host)
-        n_prefix = plan.n_slots - n_new
-        if plan.row_slice is not None:
-            keys, values = cache.k[:, plan.row_slice, :, :n_prefix], cache.v[:, plan.row_slice, :, :n_prefix]
-        else:
-            keys, values = cache.k[:, plan.rows, :, :n_prefix], cache.v[:, plan.rows, :, :n_prefix]
+        # Inputs whose shapes sort the forward into one of few graph classes, whatever rows it runs on:
+        # - the whole cache, narrowed to the committed slots (at least 2: sizes 0 and 1 get graphs of their own;
+        #   slots past a row's length are masked), so strides, offset and dispatch keys never change;
+        # - with a cache of several rows, at least 2 rows: a batch that shrinks to one row (the others finished)
+        #   runs that row twice (same values, same slots) in the graph it already uses, instead of compiling
+        #   a batch-1 graph mid-run (1-2 minutes; measured: a batch-4 bench fell from ~170 to 1.4 tok/s).
+        n_prefix = min(max(plan.n_slots - n_new, 2), cache.max_len)
+        cache_k, cache_v = cache.k[:, :, :, :n_prefix], cache.v[:, :, :, :n_prefix]
         cos, sin = model.rotary(positions, model.dtype, plan.max_position)
+        graph_rows = None if cache.max_batch == 1 else plan.rows  # a one-row cache needs no gather
         start = cache.lengths[plan.rows]
-        block = None if block_mask is None else block_mask.to(device=tokens.device, dtype=torch.bool)
+        if block_mask is None:  # causal, as a tensor: one graph for chains and trees
+            block = torch.ones(batch, n_new, n_new, dtype=torch.bool, device=tokens.device).tril()
+        else:  # [B, T, T] even where the caller broadcasts one mask over the batch (a size-1 dim is a class)
+            block = block_mask.to(device=tokens.device, dtype=torch.bool).expand(batch, n_new, n_new).contiguous()
+        if batch == 1 and cache.max_batch > 1:
+            twice = lambda t: t.expand(2, *t.shape[1:]).contiguous()  # noqa: E731 (strides as a real batch's)
+            tokens, cos, sin, graph_rows, start = map(twice, (tokens, cos, sin, graph_rows, start))
+            block = twice(block)
         want_logits = logits_at is not None
-        hidden, states, logits, new_k, new_v = self._graph(model, tokens, cos, sin, keys, values, start, block,
-                                                           want_logits)
+        kind = (cache.max_batch == 1, n_new == 1, want_logits)
+        try:
+            hidden, states, logits, new_k, new_v = self._graph(model, tokens, cos, sin, cache_k, cache_v,
+                                                               graph_rows, start, block, want_logits)
+        except Exception as e:  # a compile failure (or recompile limit) must not end the generation
+            self.disabled = f"the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+            log.warning("%s: running eager from now on", self.disabled)
+            return model(tokens[:batch], positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
+                         hidden_indices=indices, host=host, eager=True)
+        hidden, states, new_k, new_v = hidden[:batch], states[:batch], new_k[:, :batch], new_v[:, :batch]
+        logits = None if logits is None else logits[:batch]
         aux = states[:, :, indices].flatten(2) if indices else None  # [B, T, len(indices) * H]
-        kind = (batch == 1, n_new == 1, want_logits)
         if kind not in self._checked:
             self._checked.add(kind)
-            ref = model(tokens, positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
+            ref = model(tokens[:batch], positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
                         hidden_indices=indices, host=host, eager=True)
             if not self._agrees(ref, hidden, logits, kind):
                 return ref  # the eager forward wrote its own keys and values
-        if plan.row_slice is not None and plan.uniform_start is not None:
-            dst = slice(plan.uniform_start, plan.uniform_start + n_new)
-            cache.k[:, plan.row_slice, :, dst] = new_k
-            cache.v[:, plan.row_slice, :, dst] = new_v
-        else:  # advanced indices around a slice: the indexed view is [B, T, L, Hkv, D]
-            r = plan.rows[:, None]
-            cache.k[:, r, :, plan.write_slots] = new_k.permute(1, 3, 0, 2, 4)
-            cache.v[:, r, :, plan.write_slots] = new_v.permute(1, 3, 0, 2, 4)
+        write_block(cache.k, new_k, plan)
+        write_block(cache.v, new_v, plan)
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
 
     def _agrees(self, ref: ForwardOutput, hidden: Tensor, logits: Tensor | None, kind: tuple) -> bool:
@@ -148,7 +161,7 @@ class CompiledStep:
         if worst <= CHECK_RTOL:
             return True
         self.disabled = (f"the compiled step disagreed with the eager forward on its first call "
-                         f"(batch 1: {kind[0]}, one token: {kind[1]}; relative error {worst:.3g})")
+                         f"(one-row cache: {kind[0]}, one token: {kind[1]}; relative error {worst:.3g})")
         log.warning("%s: running eager from now on", self.disabled)
         return False
 
@@ -158,6 +171,12 @@ def compile_step(model: Transformer, cache_dir: str | os.PathLike[str] | None = 
     ``cache_dir``: where inductor keeps compiled graphs, unless ``$TORCHINDUCTOR_CACHE_DIR`` says otherwise."""
     if cache_dir is not None:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+    # Each class of shapes (one-row cache or not, one new token or more, logits or not, tree mask or not) is a
+    # graph of its own; dynamo's default of 8 per function is too few for a process that runs several classes.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+    # Without this, two dimensions that happen to be equal on a graph's first call (the batch and the cache's
+    # rows, 4 and 4; the prefix and the new tokens) are assumed equal for good, and the next call recompiles.
+    torch.fx.experimental._config.use_duck_shape = False
     step = CompiledStep(model)
     model.step_graph = step
     return step

@@ -54,6 +54,7 @@ __all__ = [
     "decoder_layer",
     "plan_attention",
     "rms_norm",
+    "write_block",
 ]
 
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
@@ -407,6 +408,16 @@ def plan_attention(
     )
 
 
+def write_block(dst: Tensor, new: Tensor, plan: AttentionPlan) -> None:
+    """Write the new tokens' keys or values ``new [..., B, Hkv, T, D]`` into the cache tensor ``dst [...,
+    max_batch, Hkv, max_len, D]`` (one layer, or all layers at once) at the slots ``plan`` assigns: a slice
+    when the rows are contiguous with one common start, else one indexed write."""
+    if plan.row_slice is not None and plan.uniform_start is not None:
+        dst[..., plan.row_slice, :, plan.uniform_start:plan.uniform_start + new.shape[-2], :] = new
+    else:  # rows [B, 1] against write_slots [B, T]: the indexed view is [B, T, ..., Hkv, D]
+        dst[..., plan.rows[:, None], :, plan.write_slots, :] = new.movedim((-4, -2), (0, 1))
+
+
 def cached_attention(
     q: Tensor,
     k: Tensor,
@@ -433,14 +444,8 @@ def cached_attention(
     if plan is None:
         plan = plan_attention(cache, n_new, rows, block_mask, batch=batch)
     k_layer, v_layer = cache.k[layer], cache.v[layer]  # [max_batch, Hkv, max_len, D]
-    if plan.row_slice is not None and plan.uniform_start is not None:
-        dst = slice(plan.uniform_start, plan.uniform_start + n_new)
-        k_layer[plan.row_slice, :, dst] = k.transpose(1, 2)  # [B, Hkv, T, D]
-        v_layer[plan.row_slice, :, dst] = v.transpose(1, 2)
-    else:
-        r = plan.rows[:, None]  # [B, 1] against write_slots [B, T]: values are [B, T, Hkv, D]
-        k_layer[r, :, plan.write_slots] = k
-        v_layer[r, :, plan.write_slots] = v
+    write_block(k_layer, k.transpose(1, 2), plan)
+    write_block(v_layer, v.transpose(1, 2), plan)
     if plan.row_slice is not None:
         keys = k_layer[plan.row_slice, :, : plan.n_slots]  # [B, Hkv, S, D] view
         values = v_layer[plan.row_slice, :, : plan.n_slots]
