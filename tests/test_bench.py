@@ -196,6 +196,11 @@ def test_bench_writes_records_report_and_plots(bench_run, head_dir):
         assert set(bench.KEY_FIELDS) <= set(r) and r["machine"]["torch_threads"] == 1
         assert r["new_tokens"] == len(r["token_ids"]) <= 8 and r["batch_wall_s"] > 0
         assert r["mismatch"] is (None if r["method"] == "vanilla" else False)
+    # groups run the methods in alternating order (replay last: it replays vanilla); written in run order
+    b1t1 = [(r["question_id"], r["method"]) for r in records if r["batch_size"] == 1 and r["turn"] == 1]
+    assert [m for q, m in b1t1 if q == "1"] == ["vanilla", eagle, "hf", "replay:3"]
+    assert [m for q, m in b1t1 if q == "2"] == ["hf", eagle, "vanilla", "replay:3"]
+    assert all(r["measured_speedup"] is not None for r in records if r["method"] != "vanilla")
     by = {(r["question_id"], r["turn"], r["method"], r["batch_size"]): r for r in records}
     # every method got the same turn-2 prompt: both turns, with vanilla's first answer in between
     tok = tiny_tokenizer()

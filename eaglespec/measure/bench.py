@@ -686,8 +686,8 @@ class Bench:
                         for questions in self.questions.values():
                             for turn in range(1, max(len(q.turns) for q in questions) + 1):
                                 asked = [q for q in questions if len(q.turns) >= turn]
-                                for i in range(0, len(asked), batch):
-                                    self._group(asked[i : i + batch], turn, batch, temp)
+                                for g, i in enumerate(range(0, len(asked), batch)):
+                                    self._group(asked[i : i + batch], turn, batch, temp, reverse=g % 2 == 1)
                     self._close_runners()  # free this batch size's engines (a new engine warms up again)
         finally:
             self._close_runners()  # peer engines are processes: never leave one behind
@@ -713,57 +713,88 @@ class Bench:
             answers.append(self.target.tokenizer.decode(toks[:eos], skip_special_tokens=True).strip())
         return answers
 
-    def _group(self, group: list, turn: int, batch: int, temp: float) -> None:
+    def _group(self, group: list, turn: int, batch: int, temp: float, reverse: bool = False) -> None:
+        """Every method on this group of prompts, back to back; ``reverse``: in the opposite order (every other
+        group, so that a machine slowing down or speeding up within a group favours no method on the whole;
+        the replay drafter still runs after vanilla, whose answers it replays). The group's records are
+        compared with vanilla's and written once all its methods have run."""
         from eaglespec.datasets import encode_conversation
 
         cfg = self.cfg
-        for m in self.methods:
-            why = self.unavailable.get(m.name)
-            if why is None and m.kind == "hf-prompt-lookup" and batch > 1:
-                why = "transformers' prompt lookup runs at batch size 1 only"
-            if why is None and m.kind in ("llama.cpp", "llama.cpp-eagle") and batch > 1:
-                why = "the llama.cpp arms run at batch size 1 only"
-            if why is not None:
-                self._skip(m, why)
-                continue
-            todo, prompts = [], []
-            for q in group:
-                if (q.dataset, q.question_id, turn, m.name, batch, temp, cfg.seed) in self.results:
+        order = list(reversed(self.methods)) if reverse else list(self.methods)
+        order.sort(key=lambda m: m.kind == "replay")  # stable: replay last, the others keep their order
+        self._pending: list[dict] = []
+        try:
+            for m in order:
+                why = self.unavailable.get(m.name)
+                if why is None and m.kind == "hf-prompt-lookup" and batch > 1:
+                    why = "transformers' prompt lookup runs at batch size 1 only"
+                if why is None and m.kind in ("llama.cpp", "llama.cpp-eagle") and batch > 1:
+                    why = "the llama.cpp arms run at batch size 1 only"
+                if why is not None:
+                    self._skip(m, why)
                     continue
-                history = self._history(q, turn, m.name, batch, temp)
-                if history is None:
-                    log.warning("%s %s turn %d: no earlier answers recorded; skipped", q.dataset, q.question_id, turn)
+                todo, prompts = [], []
+                for q in group:
+                    if (q.dataset, q.question_id, turn, m.name, batch, temp, cfg.seed) in self.results:
+                        continue
+                    history = self._history(q, turn, m.name, batch, temp)
+                    if history is None:
+                        log.warning("%s %s turn %d: no earlier answers recorded; skipped", q.dataset,
+                                    q.question_id, turn)
+                        continue
+                    todo.append(q)
+                    prompts.append(encode_conversation(self.target.tokenizer, q.turns[:turn], history,
+                                                       chat=not cfg.raw))
+                if not todo:
                     continue
-                todo.append(q)
-                prompts.append(encode_conversation(self.target.tokenizer, q.turns[:turn], history, chat=not cfg.raw))
-            if not todo:
-                continue
-            configs = [GenerationConfig(cfg.max_new_tokens,
-                                        SamplingParams(temp, cfg.top_p, 0, request_seed(cfg.seed, q.dataset,
-                                                                                         q.question_id, turn)),
-                                        (), cfg.ignore_eos) for q in todo]
-            try:
-                runner = self._runner(m, batch)
-            except ValueError as e:  # a peer engine that is installed but would not start (peers.PeerError)
-                if m.kind not in ("vllm", "vllm-eagle", "llama.cpp-eagle"):
-                    raise
-                self.unavailable[m.name] = f"it failed to start: {e}"
-                self._skip(m, self.unavailable[m.name])
-                continue
-            if m.kind == "replay":
-                for q, p in zip(todo, prompts):
-                    ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))
-                    runner.engine.proposer.continuations[tuple(p)] = ref["token_ids"] if ref else []
-            if (m.name, batch, temp) not in self.warmed:  # warm-up: unreported
-                warm = replace(configs[0], max_new_tokens=min(WARMUP_TOKENS, cfg.max_new_tokens), ignore_eos=True)
-                runner.run([prompts[0]] * min(batch, len(prompts)), [warm] * min(batch, len(prompts)))
-                self.warmed.add((m.name, batch, temp))
-            tree = self._tree(m, runner, batch)
-            for i in range(0, len(todo), batch):
-                outs = runner.run(prompts[i : i + batch], configs[i : i + batch])
-                for q, p, o in zip(todo[i : i + batch], prompts[i : i + batch], outs):
-                    shape = tree if tree[1] is not None else auto_tree(runner.engine.proposer.dispatcher, o)
-                    self._record(q, turn, m, batch, temp, p, o, shape)
+                configs = [GenerationConfig(cfg.max_new_tokens,
+                                            SamplingParams(temp, cfg.top_p, 0, request_seed(cfg.seed, q.dataset,
+                                                                                             q.question_id, turn)),
+                                            (), cfg.ignore_eos) for q in todo]
+                try:
+                    runner = self._runner(m, batch)
+                except ValueError as e:  # a peer engine that is installed but would not start (peers.PeerError)
+                    if m.kind not in ("vllm", "vllm-eagle", "llama.cpp-eagle"):
+                        raise
+                    self.unavailable[m.name] = f"it failed to start: {e}"
+                    self._skip(m, self.unavailable[m.name])
+                    continue
+                if m.kind == "replay":
+                    for q, p in zip(todo, prompts):
+                        ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))
+                        runner.engine.proposer.continuations[tuple(p)] = ref["token_ids"] if ref else []
+                if (m.name, batch, temp) not in self.warmed:  # warm-up: unreported
+                    warm = replace(configs[0], max_new_tokens=min(WARMUP_TOKENS, cfg.max_new_tokens),
+                                   ignore_eos=True)
+                    runner.run([prompts[0]] * min(batch, len(prompts)), [warm] * min(batch, len(prompts)))
+                    self.warmed.add((m.name, batch, temp))
+                tree = self._tree(m, runner, batch)
+                for i in range(0, len(todo), batch):
+                    outs = runner.run(prompts[i : i + batch], configs[i : i + batch])
+                    for q, p, o in zip(todo[i : i + batch], prompts[i : i + batch], outs):
+                        shape = tree if tree[1] is not None else auto_tree(runner.engine.proposer.dispatcher, o)
+                        self._record(q, turn, m, batch, temp, p, o, shape)
+        finally:  # what ran is kept, even when a later method fails
+            self._write_group()
+
+    def _write_group(self) -> None:
+        """Compare the group's records with vanilla's on the same prompts (speedup; greedy mismatches) and
+        append them to records.jsonl."""
+        for rec in self._pending:
+            ref = self.results.get((rec["dataset"], rec["question_id"], rec["turn"], "vanilla", rec["batch_size"],
+                                    rec["temperature"], rec["seed"]))
+            if rec["method_kind"] != "vanilla" and ref is not None:
+                rec["measured_speedup"] = measured_speedup(rec, ref)
+            if rec["temperature"] == 0 and rec["exact"] and ref is not None:
+                rec["first_mismatch"] = first_mismatch(rec["token_ids"], ref["token_ids"])
+                rec["mismatch"] = rec["first_mismatch"] is not None
+                if rec["mismatch"]:
+                    log.warning("MISMATCH %s %s turn %d: %s differs from vanilla at token %d", rec["dataset"],
+                                rec["question_id"], rec["turn"], rec["method"], rec["first_mismatch"])
+            self._sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        self._sink.flush()
+        self._pending = []
 
     def _record(self, q, turn: int, m: Method, batch: int, temp: float, prompt: list[int], o: Output,
                 tree: tuple[str, float, int]) -> None:
@@ -780,17 +811,7 @@ class Bench:
         for k in ("wall_s", "batch_wall_s", "prefill_s", "draft_s", "verify_s"):
             if rec[k] is not None:
                 rec[k] = round(rec[k], 6)
-        ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))
-        if m.kind != "vanilla" and ref is not None:
-            rec["measured_speedup"] = measured_speedup(rec, ref)
-        if temp == 0 and m.exact and ref is not None:
-            rec["first_mismatch"] = first_mismatch(o.token_ids, ref["token_ids"])
-            rec["mismatch"] = rec["first_mismatch"] is not None
-            if rec["mismatch"]:
-                log.warning("MISMATCH %s %s turn %d: %s differs from vanilla at token %d", q.dataset,
-                            q.question_id, turn, m.name, rec["first_mismatch"])
-        self._sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        self._sink.flush()
+        self._pending.append(rec)  # compared with vanilla and written by _write_group
         self.results[record_key(rec)] = rec
         tps = rec["new_tokens"] / o.wall_s if o.wall_s > 0 else 0.0
         log.info("%s %s t%d b%d T=%g %-14s %4d tok %7.2f s %7.2f tok/s", q.dataset, q.question_id, turn, batch,
