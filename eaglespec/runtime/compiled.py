@@ -6,10 +6,12 @@ matmuls themselves. Compiled layer by layer it got slower (60 graphs a step each
 docs/RUNTIME.md); one graph for the whole step removes that overhead.
 
 What makes one graph possible is attention with shapes that do not change every step: the graph does not
-write the cache. It reads the committed prefix ``keys/values [L, B, Hkv, S, D]`` (S = the longest committed
-row, a dynamic dimension), attends over ``cat(prefix, new tokens)`` under a mask built inside the graph from
-each row's committed length and the block (tree) mask, and returns the new tokens' keys and values, which
-the caller writes into the cache at the slots ``plan_attention`` assigns (one indexed write for all layers).
+write the cache. It reads the whole cache narrowed to the committed slots ``[L, max_batch, Hkv, S, D]`` (S =
+the longest committed row, a dynamic dimension), gathers the forward's rows, attends over ``cat(prefix, new
+tokens)`` under a mask built inside the graph from each row's committed length and the block (tree) mask, and
+returns the new tokens' keys and values, which the caller writes into the cache at the slots
+``plan_attention`` assigns (one indexed write for all layers). Nothing about which rows a forward runs on
+reaches the graph's guards, so rows joining, finishing or scattering never recompile (``__call__``).
 The layers are the same ``decoder_layer`` the eager path runs; only ``attend`` differs.
 
 Lossless: as in eager packed models, every row is computed independently of the others (packed kernels per
@@ -19,9 +21,10 @@ gets decoded in the 1-token graph; greedy speculative output equals vanilla outp
 round differently in the last bit, which bfloat16 kernel inputs can amplify), so one generation never mixes
 them: with a graph installed every decode and verification forward runs it.
 
-Compile time: one graph per class of shapes (batch 1 or more, 1 new token or more), 1-2 minutes each on a 2-core CPU the first time, ~15-25 s from inductor's on-disk cache
-(``$TORCHINDUCTOR_CACHE_DIR``, by default under eaglespec's cache directory). Every graph's first call is
-checked against the eager forward; a graph that disagrees is dropped for the eager path with a warning.
+Compile time: one graph per class of shapes (a one-row cache or not, 1 new token or more), 1-2 minutes each
+on a 2-core CPU the first time, ~15-25 s from inductor's on-disk cache (``$TORCHINDUCTOR_CACHE_DIR``, by
+default under eaglespec's cache directory). Every graph's first call is checked against the eager forward; a
+graph that disagrees, or fails to compile, is dropped for the eager path with a warning.
 """
 
 from __future__ import annotations
