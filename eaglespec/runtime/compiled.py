@@ -58,8 +58,9 @@ def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, ca
 
     tokens [B, T]; cos, sin [B, T, 1, D] rotary tables; cache_k, cache_v [L, max_batch, Hkv, S, D] slots [0, S)
     of every cache row (always a view of the whole cache, so that its strides and offset never change and
-    never trigger a recompile); rows [B] the forward's cache rows (None for a one-row cache: no gather); start [B] committed length of each row
-    (slots >= start[b] are stale for row b); block [B, T, T] bool, new token i may see new token j.
+    never trigger a recompile); rows [B] the forward's cache rows (None for a one-row cache: no gather);
+    start [B] committed length of each row (slots >= start[b] are stale for row b); block [B, T, T] bool, new
+    token i may see new token j.
     Returns hidden [B, T, H], every residual stream states [B, T, L + 1, H] (HF ``hidden_states`` order; the
     caller picks the ones it taps, so one graph serves every proposer), logits [B, T, V] or None, and the new
     tokens' keys and values [L, B, Hkv, T, D].
