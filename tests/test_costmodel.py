@@ -326,9 +326,10 @@ def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts():
     none, chain3 = NoDraft(), Chain(3)
     script = ([none] * 10 + [chain3] * 2 + [none] * 3 + [DynamicTree(topk=3, depth=3, tree_tokens=8)]
               + [none] * 9 + [Chain(2)] + [none] * 7 + [chain3])
-    # the second request finishes 3 steps into the first pause and the third takes its row: ragged lags
+    # the second request finishes 3 steps into the first pause and the third takes its row: ragged lags; the
+    # fourth joins after drafting has run, so that one catch-up meets a waiting prompt and a caught-up row
     reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(n, ignore_eos=True))
-            for p, n in zip(PROMPTS, (40, 4, 30))]
+            for p, n in zip(PROMPTS, (40, 4, 12, 20))]
     head = make_head(target, "eagle3")
     runs = []
     for max_lag in (0, 16, 4):  # encode every step; catch up when drafting resumes; also when 4 pairs wait
@@ -383,9 +384,9 @@ def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
 
 
 def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
-    """What makes the paused state cheap: no draft-head forward while paused; the step that resumes drafting
-    runs exactly one extra forward (the catch-up over all recorded pairs) compared with the next drafting
-    step."""
+    """What makes the paused state cheap: no draft-head forward at prefill (the prompt's pairs wait) or while
+    paused; the step that resumes drafting runs exactly one extra forward (the catch-up over the prompts' and
+    all recorded pairs) compared with the next drafting step."""
     import torch
 
     from eaglespec.config import GenerationConfig
@@ -406,6 +407,7 @@ def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
     per_step = []
     with torch.inference_mode():
         engine.step()  # prefill
+        assert calls == []
         for _ in range(12):
             calls.clear()
             engine.step()

@@ -19,11 +19,14 @@ plain step commits one pair (f_root, bonus) per row, which is only recorded (fea
 ``max_lag`` pairs per row); the draft cache catches up in ONE batched head forward over the recorded pairs
 when drafting resumes (or a probe drafts, or the buffer is full). A paused step therefore costs the target
 forward alone, and the catch-up computes exactly what encoding the pairs one step at a time would have (same
-pairs, same positions, causal attention), in one forward instead of one per step.
+pairs, same positions, causal attention), in one forward instead of one per step. The prompt's pairs are
+lazy too (with ``max_lag > 0``): ``prefill`` keeps them, and the first catch-up encodes them ahead of the
+row's recorded pairs, in the same forward; a request that never drafts never runs the head.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -101,6 +104,9 @@ class EagleProposer:
         self._lag_tok: Tensor | None = None  # int64 [max_batch, max_lag] their tokens (the bonus of each step)
         self._lag_n: Tensor | None = None  # int64 [max_batch] recorded pairs per row
         self._lag_bound = 0  # host-side bound of _lag_n over the active rows: paused steps since the catch-up
+        # row -> its prompt's pairs, not encoded yet (max_lag > 0): target features [P, F] and next tokens [P]
+        self._prompts: dict[int, tuple[Tensor, Tensor]] = {}
+        self._prompt_n: Tensor | None = None  # int64 [max_batch]: P of a row whose prompt waits, else 0
         self.step_label: str | None = None  # the tree of the latest propose() (its strategy's label)
         self.step_choice: Choice | None = None  # the cost model's prediction for it (adaptive dispatch only)
 
@@ -115,10 +121,15 @@ class EagleProposer:
         self._lag_feat = self._lag_tok = None  # allocated by the first paused step
         self._lag_n = torch.zeros(max_batch, dtype=torch.long, device=self.head.device)
         self._lag_bound = 0
+        self._prompts.clear()
+        self._prompt_n = torch.zeros(max_batch, dtype=torch.long, device=self.head.device)
 
     def release(self, rows: Tensor) -> None:
         self.cache.reset(rows)
         self._lag_n[rows] = 0
+        self._prompt_n[rows] = 0
+        for r in rows.tolist():
+            self._prompts.pop(r, None)
         if self._generators:
             for r in rows.tolist():
                 self._generators.pop(r, None)
@@ -128,8 +139,9 @@ class EagleProposer:
 
     def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor,
                 seeds: list[int] | None = None) -> None:
-        """Encode the prompt pairs (f_i, t_{i+1}), i < P, with the last pair using the pending token; seed
-        each row's draft sampler from `seeds` (one per row)."""
+        """The prompt pairs (f_i, t_{i+1}), i < P, the last pair using the pending token: kept for the first
+        catch-up (``max_lag > 0``, module docstring) or encoded now; seed each row's draft sampler from `seeds`
+        (one per row)."""
         if self.draft_temperature > 0:
             for b, r in enumerate(rows.tolist()):
                 if seeds is None:
@@ -137,17 +149,23 @@ class EagleProposer:
                 else:  # the request's draft seed, mixed with the proposer's own seed when it has one
                     s = seeds[b] if self.seed is None else (seeds[b] * 1_000_003 + self.seed) % 2**63
                 self._generators[r] = torch.Generator(device=self.head.device).manual_seed(s)
+        if hasattr(self.dispatcher, "start_row"):
+            for r in rows.tolist():
+                self.dispatcher.start_row(r)
         B, T = tokens.shape
-        h = self.head.fuse(self.head.target_feature(out).to(self.head.dtype))  # [B, T, H]
+        feats = self.head.target_feature(out).to(self.head.dtype)  # [B, T, F]
         shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, T]: t_{i+1}
         shifted.scatter_(1, (lengths - 1)[:, None], pending[:, None])
+        if self.max_lag > 0:
+            for r, f, t, n in zip(rows.tolist(), feats, shifted, lengths.tolist()):
+                self._prompts[r] = (f[:n], t[:n])
+            self._prompt_n[rows] = lengths
+            return
+        h = self.head.fuse(feats)  # [B, T, H]
         positions = torch.arange(T, device=tokens.device).expand(B, T)
         o = self.head(h, shifted, positions, self.cache, rows=rows)  # [B, T, H]
         self.cache.advance(rows, lengths)
         self.last_h[rows] = o.gather(1, (lengths - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
-        if hasattr(self.dispatcher, "start_row"):
-            for r in rows.tolist():
-                self.dispatcher.start_row(r)
 
     def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor,
                 host: HostRows | None = None) -> DraftTree:
@@ -169,8 +187,8 @@ class EagleProposer:
         else:
             self._step_generators = None
         # The engine drafts for all its active rows every step, so the bound covers every row that lags.
-        if self._lag_bound and (cfg.drafts or self._lag_bound >= self.max_lag):
-            self._catch_up(rows)
+        if (self._lag_bound or self._prompts) and (cfg.drafts or self._lag_bound >= self.max_lag):
+            self._catch_up(rows, row_ids)
         self._rows, self._prefix = rows, prefix_lengths
         tree, node_slot = cfg.draft(self, pending)
         self._drafted = _Drafted(prefix_lengths, node_slot, host)
@@ -223,7 +241,7 @@ class EagleProposer:
     def covered_lengths(self, rows: Tensor) -> Tensor:
         """int64 [B]: committed tokens the draft state of each row covers, encoded in the draft cache or
         recorded for the catch-up; equals the target cache's lengths after every step."""
-        return self.cache.lengths[rows] + self._lag_n[rows]
+        return self.cache.lengths[rows] + self._prompt_n[rows] + self._lag_n[rows]
 
     def _record_paused(self, rows: Tensor, bonus: Tensor, out) -> None:
         """A plain step's pair per row, (f_root, bonus) at the row's next draft position, recorded for the
@@ -239,20 +257,45 @@ class EagleProposer:
         self._lag_n[rows] = slot + 1
         self._lag_bound += 1
 
-    def _catch_up(self, rows: Tensor) -> None:
-        """Encode every row's recorded pairs in one head forward: pair j of a row sits at its draft length + j
-        (= the position of its feature); rows with fewer pairs than the bound are padded (slots written past
-        their length are never attended and get overwritten)."""
+    def _catch_up(self, rows: Tensor, row_ids: Sequence[int] | None = None) -> None:
+        """Encode every row's waiting pairs: its prompt's if they wait, then its recorded paused pairs, pair j of
+        a row at its draft length + j (= the position of its feature). One head forward for the rows whose
+        prompt waited (their draft cache is empty) and one for the others; rows with fewer pairs than the
+        longest are padded (slots written past their length are never attended and get overwritten).
+        row_ids: ``rows`` on the host, when the caller has them."""
         T = self._lag_bound
-        n = self._lag_n[rows]  # [B]
-        positions = self.cache.lengths[rows][:, None] + torch.arange(T, device=rows.device)[None, :]  # [B, T]
-        o = self.head(self.head.fuse(self._lag_feat[rows, :T]), self._lag_tok[rows, :T], positions, self.cache,
-                      rows=rows)  # [B, T, H]
+        ids = list(row_ids) if row_ids is not None else rows.tolist()
+        fresh = [b for b, r in enumerate(ids) if r in self._prompts]
+        if fresh:
+            prompts = [self._prompts.pop(ids[b]) for b in fresh]
+            sel = rows[fresh]
+            sizes = [t.shape[0] for _, t in prompts]
+            f0, t0 = prompts[0]
+            feats = f0.new_zeros(len(fresh), max(sizes) + T, f0.shape[-1])  # [B', P + T, F]
+            toks = t0.new_zeros(len(fresh), max(sizes) + T)  # [B', P + T]
+            for b, ((f, t), k) in enumerate(zip(prompts, sizes)):
+                feats[b, :k], toks[b, :k] = f, t
+                if T:
+                    r = ids[fresh[b]]
+                    feats[b, k:k + T], toks[b, k:k + T] = self._lag_feat[r, :T], self._lag_tok[r, :T]
+            self._encode(sel, feats, toks, self._prompt_n[sel] + self._lag_n[sel])
+            self._prompt_n[sel] = 0
+            self._lag_n[sel] = 0
+            rest = [b for b in range(len(ids)) if b not in set(fresh)]
+            rows = rows[rest]
+        if T and rows.numel():
+            self._encode(rows, self._lag_feat[rows, :T], self._lag_tok[rows, :T], self._lag_n[rows])
+            self._lag_n[rows] = 0
+        self._lag_bound = 0
+
+    def _encode(self, rows: Tensor, feats: Tensor, toks: Tensor, n: Tensor) -> None:
+        """Append pairs (target features feats [B, T, F], next tokens toks [B, T]) to the draft cache rows
+        ``rows`` [B], the first n [B] of each (the rest is padding), and refresh last_h."""
+        positions = self.cache.lengths[rows][:, None] + torch.arange(toks.shape[1], device=rows.device)[None, :]
+        o = self.head(self.head.fuse(feats), toks, positions, self.cache, rows=rows)  # [B, T, H]
         self.cache.advance(rows, n)
         last = o.gather(1, (n - 1).clamp(min=0)[:, None, None].expand(-1, 1, o.shape[-1]))[:, 0]  # [B, H]
         self.last_h[rows] = torch.where((n > 0)[:, None], last, self.last_h[rows])
-        self._lag_n[rows] = 0
-        self._lag_bound = 0
 
     # ---------------------------------------------------------------------- drafting (strategies.Drafter)
 
