@@ -34,6 +34,22 @@ def compiled_int4():
     return target
 
 
+def _step_and_eager(model, n_prompt: int, n_new: int):
+    """One random prompt of n_prompt tokens prefilled into two one-row caches, then n_new tokens decoded: through
+    the model's step graph into the first, eagerly into the second. Returns ((output, cache), (output, cache))."""
+    tokens = torch.randint(0, model.args.vocab_size, (1, n_prompt + n_new))
+    positions = torch.arange(n_prompt, n_prompt + n_new)[None]
+    runs = []
+    with torch.inference_mode():
+        for eager in (False, True):
+            cache = model.new_cache(1, n_prompt + n_new + 4)
+            model(tokens[:, :n_prompt], torch.arange(n_prompt)[None], cache, prefill=True)
+            cache.lengths[0] = n_prompt
+            out = model(tokens[:, n_prompt:], positions, cache, logits_at="all", eager=eager)
+            runs.append((out, cache))
+    return runs
+
+
 def _relative_error(a, b):
     return float(((a - b).norm(dim=-1) / a.norm(dim=-1)).max())
 
@@ -83,16 +99,9 @@ def test_a_graph_that_disagrees_on_its_first_call_is_dropped_for_the_eager_forwa
     monkeypatch.setattr(step, "_graph", wrong)
     model.step_graph = step
     torch.manual_seed(0)
-    tokens = torch.randint(0, model.args.vocab_size, (1, 12))
-    with torch.inference_mode():
-        caches = [model.new_cache(1, 16) for _ in range(2)]
-        for c in caches:
-            model(tokens[:, :10], torch.arange(10)[None], c, prefill=True)
-            c.lengths[0] = 10
-        got = model(tokens[:, 10:], torch.tensor([[10, 11]]), caches[0], logits_at="all")
-        ref = model(tokens[:, 10:], torch.tensor([[10, 11]]), caches[1], logits_at="all", eager=True)
+    (got, got_cache), (ref, ref_cache) = _step_and_eager(model, 10, 2)
     assert step.disabled is not None and "disagreed" in step.disabled
-    assert torch.equal(got.logits, ref.logits) and torch.equal(caches[0].k, caches[1].k)
+    assert torch.equal(got.logits, ref.logits) and torch.equal(got_cache.k, ref_cache.k)
     assert not step.handles(1, None, "all")  # from now on everything runs eager
 
 
@@ -165,13 +174,6 @@ def test_a_graph_that_fails_to_compile_falls_back_to_eager(monkeypatch):
         raise RuntimeError("inductor: C++ compile failed\nlong log")
     monkeypatch.setattr(step, "_graph", broken)
     model.step_graph = step
-    tokens = torch.randint(0, model.args.vocab_size, (1, 6))
-    with torch.inference_mode():
-        caches = [model.new_cache(1, 8) for _ in range(2)]
-        for c in caches:
-            model(tokens[:, :5], torch.arange(5)[None], c, prefill=True)
-            c.lengths[0] = 5
-        got = model(tokens[:, 5:], torch.tensor([[5]]), caches[0], logits_at="all")
-        ref = model(tokens[:, 5:], torch.tensor([[5]]), caches[1], logits_at="all", eager=True)
+    (got, got_cache), (ref, ref_cache) = _step_and_eager(model, 5, 1)
     assert step.disabled == "the compiled step failed (RuntimeError: inductor: C++ compile failed)"
-    assert torch.equal(got.logits, ref.logits) and torch.equal(caches[0].k, caches[1].k)
+    assert torch.equal(got.logits, ref.logits) and torch.equal(got_cache.k, ref_cache.k)
