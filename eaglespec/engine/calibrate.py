@@ -64,6 +64,12 @@ def _time(fn, warmup: int = 1, reps: int = 2) -> float:
     return best
 
 
+def _sync(device: torch.device | None) -> None:
+    """CUDA launches are asynchronous: a timed call ends when its kernels have run."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.inference_mode()
 def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
                    prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
@@ -84,8 +90,11 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
             t = torch.randint(0, model.args.vocab_size, (b, n), device=dev)
             pos = (prefix + torch.arange(n, device=dev)).expand(b, -1)
             mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)).expand(b, n, n) if n > 1 else None
-            forwards[(b, n)] = (lambda t=t, pos=pos, cache=cache, rows=rows, mask=mask:
-                                model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all"))
+            def forward(t=t, pos=pos, cache=cache, rows=rows, mask=mask):
+                model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all")
+                _sync(dev)
+
+            forwards[(b, n)] = forward
             out[(b, n)] = _time(forwards[(b, n)])
     for _ in range(retries):
         stalled = CostTable(out, {}).stalled()
@@ -187,9 +196,14 @@ def _from_json(d: dict) -> CostTable:
 
 
 def _runtime_label(model) -> str:
-    """The precision, and whether decode/verify forwards run compiled (they cost differently)."""
+    """The precision, whether decode/verify forwards run compiled, and the GPU they run on (they cost
+    differently; the machine fingerprint names the CPU only)."""
     precision = getattr(model, "precision", "?")
-    return f"{precision}+compiled" if getattr(model, "step_graph", None) is not None else precision
+    label = f"{precision}+compiled" if getattr(model, "step_graph", None) is not None else precision
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        label += f"@{torch.cuda.get_device_name(device)}"
+    return label
 
 
 def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], cache_dir: str | os.PathLike[str],

@@ -282,11 +282,11 @@ class Engine:
 
     def _prefill(self, seqs: list[_Sequence]) -> list[Chunk]:
         t0 = time.perf_counter()
-        lengths = torch.tensor([len(s.request.prompt_ids) for s in seqs], device=self.device)
-        T = int(lengths.max())
-        tokens = torch.zeros(len(seqs), T, dtype=torch.long, device=self.device)
-        for b, s in enumerate(seqs):
-            tokens[b, : len(s.request.prompt_ids)] = torch.tensor(s.request.prompt_ids)
+        prompts = [s.request.prompt_ids for s in seqs]
+        T = max(len(p) for p in prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        # right-padded on the host: one copy to the device, not one per prompt
+        tokens = torch.tensor([list(p) + [0] * (T - len(p)) for p in prompts], dtype=torch.long, device=self.device)
         rows = torch.tensor([s.row for s in seqs], device=self.device)
         positions = torch.arange(T, device=self.device).expand(len(seqs), T)
         hidden_indices = self.proposer.hidden_indices if self.proposer else ()

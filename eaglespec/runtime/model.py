@@ -52,6 +52,7 @@ __all__ = [
     "attention",
     "cached_attention",
     "decoder_layer",
+    "grouped_sdpa",
     "plan_attention",
     "rms_norm",
     "write_block",
@@ -464,10 +465,36 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_c
     out_dtype = keys.dtype
     if compute_dtype is not None and compute_dtype != q.dtype:
         q, keys, values = q.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys, values, attn_mask=mask, is_causal=is_causal, enable_gqa=True
-    ).to(out_dtype)  # [B, H, T, D]
+    out = grouped_sdpa(q.transpose(1, 2), keys, values, mask, is_causal).to(out_dtype)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
+
+
+def grouped_sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
+                 is_causal: bool = False) -> Tensor:
+    """``F.scaled_dot_product_attention`` with grouped heads: q [B, H, T, D] over keys, values [B, Hkv, S, D]
+    (query head h reads kv head h // (H / Hkv)); mask bool, broadcastable to [B, H, T, S]. Returns [B, H, T, D].
+
+    On CUDA only the flash kernel takes grouped heads (``enable_gqa``), and it runs half precision without a
+    mask; anything else (float32, a tree or block mask) would fall back to the math kernel, which materialises
+    the [B, H, T, S] scores (tens of GB for a batch of prompts). There, a mask shared by the heads folds each kv
+    head's query group into the query rows (exact: rows are independent; no copy of the keys), and a causal
+    forward gets the kv heads repeated; both then run the memory-efficient kernel. CPU keeps ``enable_gqa``.
+    """
+    n_heads, n_kv = q.shape[1], keys.shape[1]
+    if (q.device.type != "cuda" or n_heads == n_kv
+            or (mask is None and q.dtype in (torch.float16, torch.bfloat16))):
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
+    group = n_heads // n_kv
+    if mask is not None and mask.dim() < 4:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if not is_causal and (mask is None or mask.shape[1] == 1):
+        batch, _, n_q, head_dim = q.shape
+        folded = q.reshape(batch, n_kv, group * n_q, head_dim)  # row g * T + t = query t of head kv * G + g
+        mask = None if mask is None else mask.repeat(1, 1, group, 1)  # [B or 1, 1, G * T, S]
+        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)
+        return out.reshape(batch, n_heads, n_q, head_dim)
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal)
 
 
 # ======================================================================================= the decoder layer

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from eaglespec.train.features import FeatureBatch, FeatureStore, OfflineFeatures, OnlineFeatures
 from eaglespec.spec.heads import DraftHead, HeadConfig, load_head, save_head
-from eaglespec.runtime.model import decoder_layer
+from eaglespec.runtime.model import decoder_layer, grouped_sdpa
 
 log = logging.getLogger(__name__)
 
@@ -298,9 +298,8 @@ class TTTUnroll(nn.Module):
                 """Over every step's keys so far (no KV cache): keys [B, Hkv, (j+1)P, D]."""
                 keys[i].append(k.transpose(1, 2))  # [B, Hkv, P, D]
                 values[i].append(v.transpose(1, 2))
-                o = F.scaled_dot_product_attention(
-                    q.transpose(1, 2), torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2),
-                    attn_mask=mask, is_causal=mask is None, enable_gqa=True)  # [B, H, P, D]
+                o = grouped_sdpa(q.transpose(1, 2), torch.cat(keys[i], dim=2), torch.cat(values[i], dim=2),
+                                 mask, is_causal=mask is None)  # [B, H, P, D]
                 return o.transpose(1, 2).reshape(batch, n, -1)
 
             for li, layer in enumerate(layers):
@@ -611,7 +610,8 @@ def _data_token_counts(data: _Data) -> Counter[int]:
 
 
 def _log_coverage(what: str, head: DraftHead, counts: Counter[int]) -> None:
-    covered = sum(c for t, c in counts.items() if head.t2d[t])
+    t2d = head.t2d.tolist()  # one read, not one device read per token id
+    covered = sum(c for t, c in counts.items() if t2d[t])
     log.info("%s covers %.2f%% of the %d assistant tokens", what, 100 * covered / max(1, sum(counts.values())),
              sum(counts.values()))
 
