@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("eaglespec.measure.diagnose", fromlist=["register"]).register(sub)
     __import__("eaglespec.measure.fidelity", fromlist=["register"]).register(sub)
     __import__("eaglespec.measure.interop", fromlist=["register"]).register(sub)
-    __import__("eaglespec.serve.server", fromlist=["register"]).register(sub)
+    __import__("eaglespec.serve.cli", fromlist=["register"]).register(sub)
     return parser
 
 

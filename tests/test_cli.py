@@ -123,3 +123,14 @@ def test_unsupported_architecture_is_refused(capsys, tmp_path):
         main(["generate", "--model", str(tmp_path), "--prompt", "hi", "--no-warmup"])
     err = capsys.readouterr().err
     assert "gpt2" in err.lower() and "llama" in err.lower()
+
+
+def test_the_parser_needs_no_server_packages():
+    """Only `serve` needs FastAPI / pydantic / uvicorn: building the parser (every other command) imports none."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from eaglespec.cli import build_parser; build_parser(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'pydantic', 'uvicorn', 'starlette'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -191,7 +191,7 @@ def test_extreme_sampling_values_behave_like_their_limit(app_client, temperature
 def test_binding_beyond_localhost_without_a_key_warns():
     import argparse
 
-    from eaglespec.serve.server import exposure_warning, register
+    from eaglespec.serve.cli import exposure_warning, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
