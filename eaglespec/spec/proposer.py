@@ -281,7 +281,8 @@ class EagleProposer:
             self._encode(sel, feats, toks, self._prompt_n[sel] + self._lag_n[sel])
             self._prompt_n[sel] = 0
             self._lag_n[sel] = 0
-            rest = [b for b in range(len(ids)) if b not in set(fresh)]
+            taken = set(fresh)
+            rest = [b for b in range(len(ids)) if b not in taken]
             rows = rows[rest]
         if T and rows.numel():
             self._encode(rows, self._lag_feat[rows, :T], self._lag_tok[rows, :T], self._lag_n[rows])
