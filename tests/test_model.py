@@ -464,3 +464,27 @@ def test_rotary_tables_stay_float32_after_dtype_casts():
     assert rotary.cos.dtype == torch.float32 and torch.equal(rotary.cos, cos)
     c, s = rotary(torch.tensor([[0, 3]]), torch.bfloat16)
     assert c.shape == (1, 2, 1, 16) and c.dtype == torch.bfloat16 and s.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("mask_shape", [None, (2, 1, 5, 9), (1, 1, 5, 9), (5, 9), (2, 6, 5, 9), "causal"])
+def test_grouped_attention_without_the_fused_kernel_equals_it(mask_shape):
+    """The layouts a GPU takes when SDPA's grouped-head kernel cannot run (float32, masks): query groups folded
+    into rows, or kv heads repeated; both equal SDPA's own grouped attention (forced here on the CPU)."""
+    import torch.nn.functional as F
+
+    from eaglespec.runtime.model import grouped_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    n_q = 9 if mask_shape == "causal" else 5
+    q = torch.randn(2, 6, n_q, 8, generator=g, dtype=torch.float64)  # 6 query heads over 2 kv heads
+    k, v = (torch.randn(2, 2, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = None if mask_shape in (None, "causal") else torch.rand(mask_shape, generator=g) > 0.3
+    if mask is not None:
+        mask[..., 0] = True  # every query sees a key
+    causal = mask_shape == "causal"
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    got = grouped_sdpa(q, k, v, mask, is_causal=causal, fused_gqa=False)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    wrong = grouped_sdpa(q, k.flip(1), v.flip(1), mask, is_causal=causal, fused_gqa=False)
+    assert not torch.allclose(wrong, want)  # the kv head a query group reads matters

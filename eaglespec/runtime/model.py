@@ -470,7 +470,7 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_c
 
 
 def grouped_sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
-                 is_causal: bool = False) -> Tensor:
+                 is_causal: bool = False, fused_gqa: bool | None = None) -> Tensor:
     """``F.scaled_dot_product_attention`` with grouped heads: q [B, H, T, D] over keys, values [B, Hkv, S, D]
     (query head h reads kv head h // (H / Hkv)); mask bool, broadcastable to [B, H, T, S]. Returns [B, H, T, D].
 
@@ -481,8 +481,9 @@ def grouped_sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = 
     forward gets the kv heads repeated; both then run the memory-efficient kernel. CPU keeps ``enable_gqa``.
     """
     n_heads, n_kv = q.shape[1], keys.shape[1]
-    if (q.device.type != "cuda" or n_heads == n_kv
-            or (mask is None and q.dtype in (torch.float16, torch.bfloat16))):
+    if fused_gqa is None:  # ``fused_gqa`` forces the choice (tests run the CUDA layout on the CPU)
+        fused_gqa = q.device.type != "cuda" or (mask is None and q.dtype in (torch.float16, torch.bfloat16))
+    if fused_gqa or n_heads == n_kv:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal, enable_gqa=True)
     group = n_heads // n_kv
     if mask is not None and mask.dim() < 4:
