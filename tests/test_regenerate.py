@@ -507,3 +507,18 @@ def test_a_work_file_makes_the_same_shards_on_another_machine(tmp_path, tiny, mo
     foreign_gz.write_bytes(gzip.compress(foreign.read_bytes()))
     with pytest.raises(ValueError, match="not a regeneration work file"):
         read_work(foreign_gz)
+
+
+def test_the_cli_refuses_settings_beside_a_work_file(tmp_path, capsys):
+    """--work carries the inputs and the answer-shaping settings: giving them again is an error naming them."""
+    from eaglespec.cli import main
+
+    work = tmp_path / "w.jsonl.gz"
+    work.write_bytes(gzip.compress(b"{}\n"))
+    with pytest.raises(SystemExit, match="--work fixes the inputs and settings; drop --max-len, --input"):
+        main(["regenerate", "--work", str(work), "--output", str(tmp_path / "o"), "--max-len", "64",
+              "--input", "x.jsonl"])
+    with pytest.raises(SystemExit, match="give --input"):
+        main(["regenerate", "--output", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="exclude each other"):
+        main(["regenerate", "--work", str(work), "--export-work", str(tmp_path / "e"), "--output", "o"])

@@ -88,6 +88,26 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
 
 
 # ========================================================================================= regenerate
+# answer-shaping settings of `regenerate` (defaults: RegenConfig's): fixed by the plan, so a work file carries them
+_REGEN_SETTINGS = [
+    ("--max-turns", int, "assistant turns kept per conversation"),
+    ("--max-len", int, "tokens per conversation"),
+    ("--max-new-tokens", int, "tokens per answer"),
+    ("--sampled-share", float, "share of conversations sampled, not greedy"),
+    ("--sampled-temperature", float, "temperature of the sampled share"),
+    ("--sampled-top-p", float, "top-p of the sampled share"),
+    ("--shard-size", int, "conversations per shard"),
+    ("--seed", int, "plan shuffle and sampling seed"),
+    ("--min-overlap-words", int, "eval-overlap guard: shared words that count as overlap"),
+]
+
+
+def _regen_default(flag: str) -> Any:
+    from eaglespec.train.regenerate import RegenConfig
+
+    return RegenConfig.__dataclass_fields__[flag[2:].replace("-", "_")].default
+
+
 def _add_regenerate(sub: Any) -> None:
     p = sub.add_parser("regenerate", help="regenerate training answers with the target into committable shards",
                        description="Replace every assistant turn of the inputs by the target's own answer "
@@ -105,9 +125,8 @@ def _add_regenerate(sub: Any) -> None:
                         "machine, then stop (no model run)")
     p.add_argument("--work", default=None, metavar="FILE",
                    help="make the shards of a work file from --export-work (instead of --input and the settings)")
-    for flag, typ, default, help_ in _REGEN_SETTINGS:
-        p.add_argument(flag, type=typ, default=None, help=f"{help_} (default {default})")
-    p.add_argument("--shard-size", type=int, default=None, help="conversations per shard (default 256)")
+    for flag, typ, help_ in _REGEN_SETTINGS:
+        p.add_argument(flag, type=typ, default=None, help=f"{help_} (default {_regen_default(flag)})")
     p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many shards (rerun to go on)")
     p.add_argument("--exclude", action="append", default=[], metavar="FILE", help="eval file to guard against")
@@ -116,33 +135,19 @@ def _add_regenerate(sub: Any) -> None:
     p.set_defaults(func=cmd_regenerate)
 
 
-# answer-shaping settings of `regenerate`: fixed by the plan, so a work file carries them
-_REGEN_SETTINGS = [
-    ("--max-turns", int, 2, "assistant turns kept per conversation"),
-    ("--max-len", int, 1024, "tokens per conversation"),
-    ("--max-new-tokens", int, 384, "tokens per answer"),
-    ("--sampled-share", float, 0.2, "share of conversations sampled, not greedy"),
-    ("--sampled-temperature", float, 0.8, "temperature of the sampled share"),
-    ("--sampled-top-p", float, 0.95, "top-p of the sampled share"),
-    ("--seed", int, 0, "plan shuffle and sampling seed"),
-    ("--min-overlap-words", int, 10, "eval-overlap guard: shared words that count as overlap"),
-]
-
-
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from eaglespec.runtime.loading import load_target
     from eaglespec.train.regenerate import RegenConfig, config_from_plan, export_work, read_work, regenerate_dataset
 
-    settings = {f[0][2:].replace("-", "_"): getattr(args, f[0][2:].replace("-", "_")) for f in _REGEN_SETTINGS}
-    settings["shard_size"] = args.shard_size
+    settings = {flag: getattr(args, flag[2:].replace("-", "_")) for flag, _, _ in _REGEN_SETTINGS}
     if args.work is not None:
         if args.export_work is not None:
             raise SystemExit("error: --work and --export-work exclude each other")
-        given = [k for k, v in settings.items() if v is not None]
-        given += [k for k in ("input", "limit") if getattr(args, k) is not None]
-        given += ["exclude"] * bool(args.exclude) + ["drop_overlapping"] * args.drop_overlapping
+        given = [flag for flag, v in settings.items() if v is not None]
+        given += [f"--{k}" for k in ("input", "limit") if getattr(args, k) is not None]
+        given += ["--exclude"] * bool(args.exclude) + ["--drop-overlapping"] * args.drop_overlapping
         if given:
-            raise SystemExit(f"error: --work fixes the inputs and settings; drop --{', --'.join(g.replace('_', '-') for g in given)}")
+            raise SystemExit(f"error: --work fixes the inputs and settings; drop {', '.join(given)}")
         head, _, _ = read_work(args.work)
         cfg = config_from_plan(head["plan"], args.output, args.batch_size, args.max_shards)
     else:
@@ -150,11 +155,10 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
             raise SystemExit("error: give --input (repeatable) or --work")
         if args.limit is not None and len(args.limit) != len(args.input):
             raise SystemExit(f"error: give --limit once per --input ({len(args.input)}), got {len(args.limit)}")
-        defaults = {f[0][2:].replace("-", "_"): f[2] for f in _REGEN_SETTINGS} | {"shard_size": 256}
         cfg = RegenConfig(
             inputs=args.input, output=args.output, limit=args.limit, exclude=args.exclude,
             drop_overlapping=args.drop_overlapping, batch_size=args.batch_size, max_shards=args.max_shards,
-            **{k: defaults[k] if v is None else v for k, v in settings.items()})
+            **{flag[2:].replace("-", "_"): _regen_default(flag) if v is None else v for flag, v in settings.items()})
     cfg.validate()  # before the slow model load
     if args.export_work is not None:
         from eaglespec.runtime.loading import resolve_model
