@@ -137,7 +137,7 @@ def _add_regenerate(sub: Any) -> None:
 
 def cmd_regenerate(args: argparse.Namespace) -> int:
     from eaglespec.runtime.loading import load_target
-    from eaglespec.train.regenerate import RegenConfig, config_from_plan, export_work, read_work, regenerate_dataset
+    from eaglespec.train.regenerate import RegenConfig, config_from_plan, export_work, regenerate_dataset, work_header
 
     settings = {flag: getattr(args, flag[2:].replace("-", "_")) for flag, _, _ in _REGEN_SETTINGS}
     if args.work is not None:
@@ -148,8 +148,7 @@ def cmd_regenerate(args: argparse.Namespace) -> int:
         given += ["--exclude"] * bool(args.exclude) + ["--drop-overlapping"] * args.drop_overlapping
         if given:
             raise SystemExit(f"error: --work fixes the inputs and settings; drop {', '.join(given)}")
-        head, _, _ = read_work(args.work)
-        cfg = config_from_plan(head["plan"], args.output, args.batch_size, args.max_shards)
+        cfg = config_from_plan(work_header(args.work)["plan"], args.output, args.batch_size, args.max_shards)
     else:
         if not args.input:
             raise SystemExit("error: give --input (repeatable) or --work")

@@ -49,8 +49,8 @@ from eaglespec.train.data import Conversation, OverlapGuard, _normalize_messages
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RegenConfig", "PlanMismatchError", "DirectoryBusyError", "regenerate_dataset", "read_shards", "build_plan", "export_work",
-           "read_work"]
+__all__ = ["RegenConfig", "PlanMismatchError", "DirectoryBusyError", "regenerate_dataset", "read_shards", "build_plan",
+           "export_work", "read_work", "work_header"]
 
 PLAN_FILE = "plan.json"
 CARD_FILE = "README.md"
@@ -212,9 +212,20 @@ def export_work(cfg: RegenConfig, path: str | os.PathLike[str], model: str) -> d
     plan["model"] = model
     shards = _unfinished(out, plan, cfg.max_shards)
     lock = _lock(out) if out.is_dir() else None  # the partial files are read (and trimmed) below
+    try:
+        n_todo, n_done = _write_work(Path(path), cfg, model, plan, convs, shards, out)
+    finally:
+        if lock is not None:
+            os.close(lock)
+    log.info("work file %s: %d shards, %d conversations to regenerate, %d already done", path, len(shards),
+             n_todo, n_done)
+    return {"shards": shards, "to_regenerate": n_todo, "done": n_done}
+
+
+def _write_work(path: Path, cfg: RegenConfig, model: str, plan: dict[str, Any], convs: list[Conversation],
+                shards: list[int], out: Path) -> tuple[int, int]:
     S = cfg.shard_size
     n_todo = n_done = 0
-    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
         head = {"format": WORK_FORMAT, "version": 1, "model": model, "plan": plan, "shards": shards}
@@ -233,11 +244,27 @@ def export_work(cfg: RegenConfig, path: str | os.PathLike[str], model: str) -> d
                     n_todo += 1
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
-    if lock is not None:
-        os.close(lock)
-    log.info("work file %s: %d shards, %d conversations to regenerate, %d already done", path, len(shards),
-             n_todo, n_done)
-    return {"shards": shards, "to_regenerate": n_todo, "done": n_done}
+    return n_todo, n_done
+
+
+def _read_header(f: Any, path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        head = json.loads(f.readline())
+    except (json.JSONDecodeError, OSError, EOFError) as e:
+        raise ValueError(f"{path}: not a regeneration work file ({e})") from None
+    fmt = head.get("format") if isinstance(head, dict) else None
+    if fmt != WORK_FORMAT:
+        raise ValueError(f"{path}: not a regeneration work file (format {fmt!r}, expected {WORK_FORMAT!r}; make one "
+                         f"with `eaglespec regenerate ... --export-work`)")
+    if head.get("version") != 1:
+        raise ValueError(f"{path}: work file version {head.get('version')} is not supported (expected 1)")
+    return head
+
+
+def work_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A work file's first line (model, plan, shards), without reading its conversations."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return _read_header(f, path)
 
 
 def read_work(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[int, Conversation], dict[int, dict]]:
@@ -245,15 +272,7 @@ def read_work(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[int, C
     todo: dict[int, Conversation] = {}
     done: dict[int, dict] = {}
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        try:
-            head = json.loads(f.readline())
-        except (json.JSONDecodeError, OSError, EOFError) as e:
-            raise ValueError(f"{path}: not a regeneration work file ({e})") from None
-        if not isinstance(head, dict) or head.get("format") != WORK_FORMAT:
-            raise ValueError(f"{path}: not a regeneration work file (format {head.get('format') if isinstance(head, dict) else None!r}, "
-                             f"expected {WORK_FORMAT!r}; make one with `eaglespec regenerate ... --export-work`)")
-        if head.get("version") != 1:
-            raise ValueError(f"{path}: work file version {head.get('version')} is not supported (expected 1)")
+        head = _read_header(f, path)
         for lineno, line in enumerate(f, 2):
             try:
                 rec = json.loads(line)
@@ -544,7 +563,7 @@ def _runs_summary(out: Path) -> str:
     unrecorded = len(finished) - sum(by.values())
     parts = [f"{n} shards on {k}" for k, n in by.most_common()]
     if unrecorded > 0:
-        parts.append(f"{unrecorded} shards before runs were recorded (CPU, float32)")
+        parts.append(f"{unrecorded} shards without a record")
     return "; ".join(parts) or "nothing yet"
 
 
