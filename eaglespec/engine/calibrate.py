@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from eaglespec.runtime.model import synchronize
 from eaglespec.spec.costmodel import CostTable
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,6 @@ def _time(fn, warmup: int = 1, reps: int = 2) -> float:
     return best
 
 
-def _sync(device: torch.device | None) -> None:
-    """CUDA launches are asynchronous: a timed call ends when its kernels have run."""
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.inference_mode()
 def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
                    prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
@@ -92,7 +87,7 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
             mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)).expand(b, n, n) if n > 1 else None
             def forward(t=t, pos=pos, cache=cache, rows=rows, mask=mask):
                 model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all")
-                _sync(dev)
+                synchronize(dev)  # a timed call ends when its kernels have run
 
             forwards[(b, n)] = forward
             out[(b, n)] = _time(forwards[(b, n)])

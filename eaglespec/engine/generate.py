@@ -21,6 +21,7 @@ import torch
 
 from eaglespec.config import GenerationConfig, SamplingParams
 from eaglespec.runtime.kvcache import HostRows
+from eaglespec.runtime.model import synchronize
 from eaglespec.spec.sampling import draw_uniforms, process_logits
 from eaglespec.engine.stats import SequenceStats
 from eaglespec.engine.stopping import StopChecker
@@ -277,8 +278,7 @@ class Engine:
         return seq
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)
 
     def _prefill(self, seqs: list[_Sequence]) -> list[Chunk]:
         t0 = time.perf_counter()

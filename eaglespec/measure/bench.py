@@ -63,6 +63,7 @@ import torch
 from eaglespec.config import ConfigError, GenerationConfig, SamplingParams
 from eaglespec.flags import add_model_args
 from eaglespec.measure.records import COST_FILE, RECORDS_FILE, RUN_FILE, BenchError, first_mismatch, read_records
+from eaglespec.runtime.model import synchronize
 
 log = logging.getLogger("eaglespec")
 
@@ -189,11 +190,6 @@ def machine_facts(device: str, dtype: str) -> dict:
     return facts
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ============================================================================================ runners
 @dataclass
 class Output:
@@ -229,10 +225,10 @@ class EngineRunner:
     def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
         from eaglespec.engine.generate import Request
 
-        _sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         done = self.engine.generate([Request(p, c) for p, c in zip(prompts, configs)])
-        _sync(self.device)
+        synchronize(self.device)
         wall = time.perf_counter() - t0
         spec = self.engine.proposer is not None
         return [Output(c.token_ids, c.text, c.finish_reason, c.stats.wall_s, wall, len(prompts),
@@ -290,10 +286,10 @@ class HFRunner:
         self.forwards = 0
         hook = self.model.register_forward_hook(self._count)  # counts target forwards (prefill included)
         try:
-            _sync(self.device)
+            synchronize(self.device)
             t0 = time.perf_counter()
             out = self.model.generate(input_ids=ids, attention_mask=mask, **kw)
-            _sync(self.device)
+            synchronize(self.device)
             wall = time.perf_counter() - t0
         finally:
             hook.remove()
@@ -848,10 +844,10 @@ def cost_curve(target, n_tokens: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch
                 mask = None if n == 1 else torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(batch, n, n)
                 times = []
                 for i in range(warmup + repeats):  # the cache length never moves: every forward is the same
-                    _sync(device)
+                    synchronize(device)
                     t0 = time.perf_counter()
                     model(toks, pos, cache, rows=rows, block_mask=mask, logits_at="all")
-                    _sync(device)
+                    synchronize(device)
                     if i >= warmup:
                         times.append(time.perf_counter() - t0)
                 median = statistics.median(times)

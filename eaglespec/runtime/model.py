@@ -55,6 +55,7 @@ __all__ = [
     "grouped_sdpa",
     "plan_attention",
     "rms_norm",
+    "synchronize",
     "write_block",
 ]
 
@@ -467,6 +468,12 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_c
         q, keys, values = q.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype)
     out = grouped_sdpa(q.transpose(1, 2), keys, values, mask, is_causal).to(out_dtype)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for the device's queued kernels (CUDA launches are asynchronous); a no-op on the CPU. For timing."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def grouped_sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None,
