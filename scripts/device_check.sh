@@ -47,6 +47,10 @@ check prepare $PY -m eaglespec.cli prepare-data $M --input "$W/train.jsonl" --ou
 check train $PY -m eaglespec.cli train $M --data "$W/data" --out-dir "$W/run" --device "$DEV" --max-steps 20 \
     --batch-size 8 --draft-vocab-size 200 --eval-records 8 --eval-every 10 --eval-acceptance-prompts 4 \
     --checkpoint-every 10 --no-progress
+# bf16 autocast over a bf16 target, the step count fitted to a time budget (the GPU training recipe)
+check train-bf16-budget $PY -m eaglespec.cli train $M --data "$W/data" --out-dir "$W/run-bf16" --device "$DEV" \
+    --model-dtype bfloat16 --precision bf16 --max-steps 100000 --time-budget 8 --eval-count 2 --batch-size 8 \
+    --draft-vocab-size 200 --eval-records 8 --eval-acceptance-prompts 4 --num-layers 2 --labels hard --no-progress
 for d in float32 bf16; do
     for draft in none "$W/run/head"; do
         tag=$([ "$draft" = none ] && echo vanilla || echo eagle)

@@ -469,3 +469,46 @@ def test_learning_curve_reads_eval_points_in_token_order_and_plots(tiny, tmp_pat
     (tmp_path / "empty.jsonl").write_text('{"step": 1, "loss": [1.0]}\n')
     with pytest.raises(ValueError, match="no evaluation lines"):
         learning_curve(tmp_path / "empty.jsonl")
+
+
+def test_step_plan_fits_the_step_count_to_the_time_left():
+    from eaglespec.train.train import StepPlan
+
+    assert StepPlan(cap=500).steps(10, 10, 99.0) == 500  # no budget: the cap
+    plan = StepPlan(cap=10_000, budget=100.0, spent_before=20.0, reserve=5.0)
+    assert plan.steps(3, 3, 1.0) == 10_000  # too few steps measured yet: the cap stands
+    assert plan.steps(10, 10, 10.0) == 10 + 65  # 1 s a step, 100 - 20 - 10 - 5 s left
+    assert StepPlan(cap=50, budget=100.0).steps(10, 10, 10.0) == 50  # never past the cap
+    assert plan.steps(10, 10, 79.0) == 11  # less than the reserve left: at least the step under way
+    assert plan.steps(10, 10, 80.0) == 10  # spent: stop here
+
+
+def test_eval_count_spreads_evaluations_over_a_changing_step_count():
+    from eaglespec.train.train import eval_due
+
+    cfg = TrainConfig(data="d", eval_count=4, eval_every=3)
+    assert [s for s in range(1, 101) if eval_due(s, 100, cfg)] == [25, 50, 75]  # the 4th is the final one
+    assert [s for s in range(1, 13) if eval_due(s, 12, TrainConfig(data="d", eval_every=3))] == [3, 6, 9]
+    with pytest.raises(ValueError, match="eval_count must be >= 1"):
+        TrainConfig(data="d", eval_count=0).validate()
+    with pytest.raises(ValueError, match="time_budget must be > 0"):
+        TrainConfig(data="d", time_budget=0).validate()
+
+
+def test_a_time_budget_ends_the_run_and_resume_counts_the_time_spent(tiny, tmp_path):
+    target, root = tiny
+    cfg = config(root, "budget", max_steps=100_000, time_budget=3.0, eval_count=2, eval_records=8,
+                 eval_acceptance_prompts=0, checkpoint_every=5, log_every=1, draft_vocab_size=100)
+    summary = train(cfg, target)
+    assert cfg.max_steps == 100_000  # the caller's config is left as given
+    assert 5 <= summary["step"] == summary["max_steps"] < 100_000
+    assert 3.0 <= summary["run_seconds"] < 3.0 + 2.0  # stops at the budget: the last step and the final eval
+    lines = [json.loads(x) for x in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    evals = [x for x in lines if "eval_acc" in x]
+    assert len(evals) == 2 and evals[-1]["step"] == summary["step"]
+    assert lines[-2]["step"] == summary["step"] and lines[-2]["max_steps"] == summary["step"]
+    # a resumed run starts from its last checkpoint with the time spent up to it: only the rest of the budget
+    again = train(config(root, "budget", max_steps=100_000, time_budget=3.0, eval_count=2, eval_records=8,
+                         eval_acceptance_prompts=0, checkpoint_every=5, log_every=1, draft_vocab_size=100),
+                  target, resume=True)
+    assert again["run_seconds"] >= 3.0 and again["train_seconds"] < 1.5

@@ -49,7 +49,7 @@ import time
 import typing
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,11 @@ from eaglespec.runtime.model import decoder_layer, grouped_sdpa
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "StepPlan",
     "TTTUnroll",
     "TrainConfig",
     "acceptance_eval",
+    "eval_due",
     "select_draft_vocab",
     "split_indices",
     "train",
@@ -132,13 +134,18 @@ class TrainConfig:
     precision: str = field(default="fp32", metadata=_opt("fp32 or bf16 (autocast; fp32 master weights)"))
     batch_size: int = field(default=4, metadata=_opt("records per micro-batch per rank"))
     grad_accum: int = field(default=1, metadata=_opt("micro-batches per optimizer step"))
-    max_steps: int = field(default=1000, metadata=_opt("optimizer steps"))
+    max_steps: int = field(default=1000, metadata=_opt("optimizer steps (with time_budget: the most steps)"))
+    time_budget: float | None = field(default=None, metadata=_opt(
+        "seconds of training (evaluations and checkpoints included, summed over resumes): the step count is "
+        "fitted to it from the measured step time, so the lr schedule ends when the budget does"))
     seed: int = field(default=0, metadata=_opt("seed of the head init, data order, split and noise"))
     # ---- output, evaluation
     out_dir: str = field(default="runs/head", metadata=_opt("checkpoints, metrics.jsonl and the final head/"))
     checkpoint_every: int = field(default=200, metadata=_opt("steps between checkpoints (0 = only at the end)"))
     keep_checkpoints: int = field(default=2, metadata=_opt("checkpoints kept on disk"))
     eval_every: int = field(default=200, metadata=_opt("steps between evaluations (0 = only at the end)"))
+    eval_count: int | None = field(default=None, metadata=_opt(
+        "evaluate this many times, evenly over the run (replaces eval_every; follows a fitted step count)"))
     eval_acceptance_prompts: int = field(default=8, metadata=_opt(
         "held-out prompts decoded through the engine for real acceptance (0 = off)"))
     eval_max_new_tokens: int = field(default=64, metadata=_opt("tokens generated per acceptance prompt"))
@@ -192,6 +199,10 @@ class TrainConfig:
         for name in ("checkpoint_every", "eval_every", "eval_records", "warmup_steps", "eval_acceptance_prompts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.eval_count is not None and self.eval_count < 1:
+            raise ValueError(f"eval_count must be >= 1, got {self.eval_count}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("lr must be > 0 and min_lr_ratio in [0, 1]")
         if self.labels not in ("soft", "hard", "mixed"):
@@ -426,6 +437,39 @@ def _lr_factor(cfg: TrainConfig, step: int) -> float:
 
 
 @dataclass
+class StepPlan:
+    """The step count of a run with a time budget: fitted, after every step, to the budget left at the mean step
+    time measured so far (evaluations and checkpoints included), within ``cap`` steps. Without a budget the
+    count is ``cap``."""
+
+    cap: int
+    budget: float | None = None
+    spent_before: float = 0.0  # seconds of earlier invocations of the run (resume)
+    reserve: float = 0.0  # seconds kept for the final evaluation (the longest one measured)
+    min_steps: int = 5  # steps measured before the first fit (the first ones include warm-up)
+
+    def steps(self, step: int, steps_here: int, seconds_here: float) -> int:
+        if self.budget is None:
+            return self.cap
+        left = self.budget - self.spent_before - seconds_here
+        if left <= 0:
+            return step
+        if steps_here < self.min_steps:
+            return max(step + 1, self.cap)
+        per_step = seconds_here / steps_here
+        return max(step + 1, min(self.cap, step + int((left - self.reserve) / per_step)))
+
+
+def eval_due(step: int, max_steps: int, cfg: TrainConfig) -> bool:
+    """Evaluate after this step: every ``eval_every`` steps, or at ``eval_count`` even points of the run."""
+    if step >= max_steps:
+        return False  # the final evaluation runs after the loop
+    if cfg.eval_count is not None:
+        return step * cfg.eval_count // max_steps > (step - 1) * cfg.eval_count // max_steps
+    return bool(cfg.eval_every) and step % cfg.eval_every == 0
+
+
+@dataclass
 class _Data:
     train: Any  # OfflineFeatures | OnlineFeatures
     eval: Any | None
@@ -588,6 +632,7 @@ def train(cfg: TrainConfig, target: Any = None, resume: bool = False) -> dict[st
     ``out_dir`` that already holds checkpoints is refused.
     """
     cfg.validate()
+    cfg = replace(cfg)  # the step count may be fitted to a time budget: the caller's config stays as given
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -722,7 +767,9 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(cfg, s))
     noise_gen = torch.Generator(device=device).manual_seed(cfg.seed * 1000 + info.rank + 1)
     step, epoch, position, seen = 0, 0, 0, 0  # seen: input tokens of all optimizer steps, across resumes
+    plan = StepPlan(cfg.max_steps, cfg.time_budget)
     if state is not None:
+        plan.spent_before = float(state.get("train_seconds", 0.0))
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         step, epoch, position = state["step"], state["epoch"], state["position"]
@@ -760,6 +807,15 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
             dist.barrier()
         return result
 
+    loop_start = time.perf_counter()
+
+    def spent() -> float:
+        return plan.spent_before + time.perf_counter() - loop_start
+
+    if cfg.time_budget is not None:
+        cfg.max_steps = plan.steps(step, 0, 0.0)
+        log.info("time budget %.0f s (%.0f s spent before): at most %d steps, fitted to the measured step time",
+                 cfg.time_budget, plan.spent_before, plan.cap)
     batches = data.train.iterate(epoch, position)
     bar = tqdm(total=cfg.max_steps, initial=step, desc=f"train {cfg.kind}", unit="step", file=sys.stderr,
                disable=not (cfg.progress and info.main), dynamic_ncols=True)
@@ -805,26 +861,39 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
         run_tokens += step_tokens
         seen += step_tokens
         run_time += elapsed
+        if cfg.time_budget is not None:
+            fitted = plan.steps(step, run_steps, time.perf_counter() - loop_start)
+            if info.world_size > 1:  # every rank stops at the same step: rank 0's fit rules
+                fitted_t = torch.tensor([fitted], device=device)
+                dist.broadcast(fitted_t, 0)
+                fitted = int(fitted_t)
+            if fitted != cfg.max_steps:
+                cfg.max_steps = fitted
+                bar.total = fitted
+                bar.refresh()
         acc = [float(s[2] / max(s[3], 1)) for s in stats]
         bar.set_postfix_str(f"loss {float(stats[0, 0] / max(stats[0, 1], 1)):.3f} acc "
                             + "/".join(f"{a:.2f}" for a in acc) + f" {run_tokens / max(run_time, 1e-9):.0f} tok/s")
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             record({"step": step, "tokens": seen, "lr": sched.get_last_lr()[0], "epoch": epoch,
+                    "max_steps": cfg.max_steps, "seconds": round(spent(), 1),
                     "loss": [round(float(s[0] / max(s[1], 1)), 5) for s in window],
                     "acc": [round(float(s[2] / max(s[3], 1)), 5) for s in window],
                     "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
                     "tokens_per_s": round(run_tokens / max(run_time, 1e-9), 1)})
             window.zero_()
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+        if eval_due(step, cfg.max_steps, cfg):
+            t_eval = time.perf_counter()
             last_eval = run_eval()
+            plan.reserve = max(plan.reserve, time.perf_counter() - t_eval)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.max_steps:
-            _checkpoint(cfg, head, opt, sched, step, epoch, position, seen, noise_gen, info)
+            _checkpoint(cfg, head, opt, sched, step, epoch, position, seen, noise_gen, info, spent())
     bar.close()
     last_eval = run_eval() or last_eval
     samples = run_steps * cfg.batch_size * cfg.grad_accum * info.world_size
     summary = {"step": step, "world_size": info.world_size, "tokens": run_tokens, "tokens_seen": seen,
-               "train_seconds": round(run_time, 2),
+               "train_seconds": round(run_time, 2), "run_seconds": round(spent(), 2), "max_steps": cfg.max_steps,
                "tokens_per_s": round(run_tokens / max(run_time, 1e-9), 1),
                "samples_per_s": round(samples / max(run_time, 1e-9), 3), **last_eval}
     if info.main:
@@ -837,7 +906,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
 
 
 def _checkpoint(cfg: TrainConfig, head: DraftHead, opt: Any, sched: Any, step: int, epoch: int, position: int,
-                seen: int, noise_gen: torch.Generator, info: DistInfo) -> None:
+                seen: int, noise_gen: torch.Generator, info: DistInfo, seconds: float = 0.0) -> None:
     """Every rank contributes its RNG states; rank 0 writes (atomically)."""
     noise_state, torch_state = noise_gen.get_state(), torch.get_rng_state()
     if info.world_size > 1:
@@ -846,7 +915,7 @@ def _checkpoint(cfg: TrainConfig, head: DraftHead, opt: Any, sched: Any, step: i
     else:
         gathered = [(noise_state, torch_state)]
     if info.main:
-        state = {"step": step, "epoch": epoch, "position": position, "tokens_seen": seen,
+        state = {"step": step, "epoch": epoch, "position": position, "tokens_seen": seen, "train_seconds": seconds,
                  "world_size": info.world_size,
                  "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                  "noise_rng": [g[0] for g in gathered], "torch_rng": [g[1] for g in gathered],
