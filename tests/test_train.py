@@ -512,3 +512,18 @@ def test_a_time_budget_ends_the_run_and_resume_counts_the_time_spent(tiny, tmp_p
                          eval_acceptance_prompts=0, checkpoint_every=5, log_every=1, draft_vocab_size=100),
                   target, resume=True)
     assert again["run_seconds"] >= 3.0 and again["train_seconds"] < 1.5
+
+
+def test_the_final_head_is_saved_before_the_final_evaluation(tiny, monkeypatch):
+    import eaglespec.train.train as train_module
+
+    target, root = tiny
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # a time limit's SIGINT during the last evaluation
+
+    monkeypatch.setattr(train_module, "evaluate", interrupted)
+    cfg = config(root, "cut", max_steps=3, eval_records=8, eval_acceptance_prompts=0, draft_vocab_size=100)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, target)
+    assert load_head(Path(cfg.out_dir) / "head", target.model).config.draft_vocab_size == 100

@@ -890,6 +890,8 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.max_steps:
             _checkpoint(cfg, head, opt, sched, step, epoch, position, seen, noise_gen, info, spent())
     bar.close()
+    if info.main:  # the head first: a final evaluation cut short (a time limit, a kill) must not lose the run
+        head_path = _save_final(head, out / "head")
     last_eval = run_eval() or last_eval
     samples = run_steps * cfg.batch_size * cfg.grad_accum * info.world_size
     summary = {"step": step, "world_size": info.world_size, "tokens": run_tokens, "tokens_seen": seen,
@@ -897,7 +899,7 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
                "tokens_per_s": round(run_tokens / max(run_time, 1e-9), 1),
                "samples_per_s": round(samples / max(run_time, 1e-9), 3), **last_eval}
     if info.main:
-        summary["head"] = str(_save_final(head, out / "head"))
+        summary["head"] = str(head_path)
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log.info("saved the head to %s; %s", summary["head"], {k: v for k, v in summary.items() if k != "head"})
     if info.world_size > 1:
