@@ -478,7 +478,8 @@ def test_step_plan_fits_the_step_count_to_the_time_left():
     plan = StepPlan(cap=10_000, budget=100.0, spent_before=20.0, reserve=5.0)
     assert plan.steps(3, 3, 1.0) == 10_000  # too few steps measured yet: the cap stands
     assert plan.steps(10, 10, 10.0) == 10 + 65  # 1 s a step, 100 - 20 - 10 - 5 s left
-    assert StepPlan(cap=50, budget=100.0).steps(10, 10, 10.0) == 50  # never past the cap
+    assert StepPlan(cap=50, budget=100.0).steps(10, 10, 10.0) == 50  # never past the cap ...
+    assert StepPlan(cap=50, budget=100.0).steps(50, 50, 10.0) == 50  # ... also with time left at the cap
     assert plan.steps(10, 10, 79.0) == 11  # less than the reserve left: at least the step under way
     assert plan.steps(10, 10, 80.0) == 10  # spent: stop here
 

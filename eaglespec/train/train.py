@@ -452,7 +452,7 @@ class StepPlan:
         if self.budget is None:
             return self.cap
         left = self.budget - self.spent_before - seconds_here
-        if left <= 0:
+        if left <= 0 or step >= self.cap:
             return step
         if steps_here < self.min_steps:
             return max(step + 1, self.cap)
