@@ -494,3 +494,32 @@ def test_dispatcher_keeps_drafting_a_head_that_pays_near_break_even():
     # and one that is never accepted is left alone after a few probes
     never = [_simulate(AdaptiveDispatcher(costs, [Chain(1), Chain(2)]), 0.0, 150, seed) for seed in range(3)]
     assert max(never) < 0.25, never
+
+
+def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypatch):
+    """A tree's cost is at least its median engine step less the forward and the overhead (the tree's own
+    verification and commit work), never less than its measured drafting; a plain step's overhead is its
+    median engine step less the forward, robust to one slow step."""
+    from types import SimpleNamespace
+
+    from eaglespec.engine import calibrate as cal
+
+    def run(target, proposer, batch, steps, prompt):  # drafting: 1 ms a step
+        return 0.0, SimpleNamespace(target_forwards=steps - 1, draft_s=0.001 * (steps - 1))
+
+    def steps(target, proposer, batch, n, prompt):  # engine steps: 30 ms with a tree, 12 ms plain, one stall
+        return [0.030 if proposer is not None else 0.012] * 9 + [0.5], run(None, None, batch, n, prompt)[1]
+
+    monkeypatch.setattr(cal, "_engine_run", run)
+    monkeypatch.setattr(cal, "_step_times", steps)
+    target = SimpleNamespace(model=SimpleNamespace(device=None))
+    verify = {(b, n): 0.010 + 0.002 * n for b in (1, 2) for n in (1, 2, 4)}
+    overhead = cal.measure_overhead(target, verify, batches=(1, 2))
+    assert overhead == pytest.approx({1: 0.0, 2: 0.0})  # 12 ms a step = the 12 ms forward
+    costs = CostTable(verify, {}, overhead={1: 0.002, 2: 0.002})
+    trees = {"chain1": Chain(1)}
+    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2))[(1, "chain1")] == pytest.approx(0.001)
+    with_steps = cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)
+    assert with_steps[(1, "chain1")] == pytest.approx(0.030 - 0.014 - 0.002)  # step - verify(1, 2) - overhead
+    cheap = CostTable({k: 0.030 for k in verify}, {}, overhead={1: 0.002, 2: 0.002})
+    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), cheap)[(1, "chain1")] == pytest.approx(0.001)
