@@ -523,3 +523,34 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
     assert with_steps[(1, "chain1")] == pytest.approx(0.030 - 0.014 - 0.002)  # step - verify(1, 2) - overhead
     cheap = CostTable({k: 0.030 for k in verify}, {}, overhead={1: 0.002, 2: 0.002})
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), cheap)[(1, "chain1")] == pytest.approx(0.001)
+
+
+def test_a_paused_step_is_not_free_and_a_break_even_chain_beats_it():
+    costs = flat_costs()
+    v1 = costs.verify_cost(1, 1)
+    tracker = AcceptanceTracker(prior=(0.13,), weight=1e6)  # chain 1: 1.13 tokens a step
+    chain1 = predicted_speedup(costs, 1, "chain1", 2, 1.13)
+    assert 0.98 < chain1 < 1.0  # just under break-even against a free plain step ...
+    assert choose(costs, 1, {"chain1": (2, 1)}, tracker).label == "none"
+    paused = CostTable(costs.verify, costs.draft, paused={1: 0.05 * v1, 4: 0.0})
+    assert predicted_speedup(paused, 1, "none", 1, 1.0) == pytest.approx(1 / 1.05)
+    assert choose(paused, 1, {"chain1": (2, 1)}, tracker).label == "chain1"  # ... but a paused step costs 5%
+    assert choose(paused, 4, {"chain1": (2, 1)}, tracker).label == "none"
+
+
+def test_calibration_measures_the_paused_step_with_its_catch_ups(monkeypatch):
+    from types import SimpleNamespace
+
+    from eaglespec.engine import calibrate as cal
+
+    def steps(target, proposer, batch, n, prompt):  # paused: 11 ms a step and a 40 ms catch-up every 8th
+        if proposer is None:
+            return [0.010] * 16, None
+        return [0.051 if i % 8 == 7 else 0.011 for i in range(16)], None
+
+    monkeypatch.setattr(cal, "_step_times", steps)
+    got = cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=8), batches=(1, 2, 4))
+    assert got[1] == pytest.approx(0.001 + 2 * 0.040 / 16)
+    assert set(got) == {1, 2, 4}
+    table = cal._from_json(cal._to_json(CostTable({(1, 1): 0.01}, {}, paused=got)))
+    assert table.paused == pytest.approx(got)

@@ -37,7 +37,7 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 
 CALIBRATION_VERSION = 5  # 2: differential draft costs, engine overhead per step; 3: int4 models rank logits
 # in int4; 4: engine overhead from the fastest of 3 runs; 5: overhead from the median decode step, a tree's cost at least its
-# median step less forward and overhead, cheap forwards timed up to 7 times
+# median step less forward and overhead, cheap forwards timed up to 7 times, the paused step's cost
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
@@ -205,25 +205,58 @@ def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: S
     return out
 
 
+@torch.inference_mode()
+def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, reps: int = 2) -> dict[int, float]:
+    """Seconds a paused step costs beyond a plain step at each batch size: engine runs with the head held paused
+    (``none`` every step: each step records its pair, the draft cache catches up when the buffer fills) against
+    plain runs of as many steps, each step timed on its own; the difference of the median steps plus the
+    catch-up steps' excess over the median, spread over all steps (the fastest of ``reps`` pairs of runs)."""
+    from eaglespec.spec.strategies import NoDraft
+
+    batches = batches or BATCHES
+    prompt = list(range(5, 5 + min(PREFIX, 64)))
+    out: dict[int, float] = {}
+    measured = sorted({batches[0], batches[-1]})
+    for b in measured:
+        best = float("inf")
+        for _ in range(reps):
+            proposer = make_proposer(NoDraft())
+            steps = 2 * max(int(getattr(proposer, "max_lag", 0)), 16) + 4
+            paused, _ = _step_times(target, proposer, b, steps, prompt)
+            plain, _ = _step_times(target, None, b, steps, prompt)
+            mid = statistics.median(paused)
+            spikes = sum(t - mid for t in paused if t > 1.5 * mid) / max(len(paused), 1)
+            best = min(best, max(0.0, mid - statistics.median(plain)) + spikes)
+        out[b] = best
+    lo, hi = measured[0], measured[-1]
+    for b in batches:
+        if b not in measured:
+            t = (b - lo) / (hi - lo)
+            out[b] = (1 - t) * out[lo] + t * out[hi]
+    return out
+
+
 def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
               head_id: str = "", precision: str = "float32") -> CostTable:
     t0 = time.perf_counter()
     verify = measure_verify(target.model, batches)
     overhead = measure_overhead(target, CostTable(verify, {}).envelope, batches)
     draft = measure_draft(target, make_proposer, candidates, batches, CostTable(verify, {}, overhead=overhead))
+    paused = measure_paused(target, make_proposer, batches)
     log.info("calibrated %d verify and %d draft costs in %.1f s", len(verify), len(draft), time.perf_counter() - t0)
-    return CostTable(verify, draft, _fingerprint(), overhead)
+    return CostTable(verify, draft, _fingerprint(), overhead, paused)
 
 
 def _to_json(t: CostTable) -> dict:
     return {"fingerprint": t.fingerprint, "verify": [[b, n, s] for (b, n), s in sorted(t.verify.items())],
             "draft": [[b, lab, s] for (b, lab), s in sorted(t.draft.items())],
-            "overhead": [[b, s] for b, s in sorted(t.overhead.items())]}
+            "overhead": [[b, s] for b, s in sorted(t.overhead.items())],
+            "paused": [[b, s] for b, s in sorted(t.paused.items())]}
 
 
 def _from_json(d: dict) -> CostTable:
     return CostTable({(b, n): s for b, n, s in d["verify"]}, {(b, lab): s for b, lab, s in d["draft"]},
-                     d.get("fingerprint", ""), {b: s for b, s in d["overhead"]})
+                     d.get("fingerprint", ""), {b: s for b, s in d["overhead"]}, {b: s for b, s in d.get("paused", [])})
 
 
 def _runtime_label(model) -> str:
@@ -345,6 +378,9 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
     if costs.overhead:
         lines += ["", "engine overhead per step (ms, added to every step below): " +
                   ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.overhead.items()))]
+    if costs.paused:
+        lines += ["paused step (none with the head kept ready: pair bookkeeping, draft-cache catch-up), ms beyond a "
+                  "plain step: " + ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.paused.items()))]
     lines += ["", "per tree: ms of drafting, of verifying its nodes (+ overhead), of the whole step; break-even = tokens per step "
               "(accepted + bonus) it needs to beat plain decoding", "batch | tree                 | nodes |  draft | "
               "verify |   step | break-even"]

@@ -61,6 +61,10 @@ class CostTable:
     draft: dict[tuple[int, str], float]
     fingerprint: str = ""
     overhead: dict[int, float] = field(default_factory=dict)
+    paused: dict[int, float] = field(default_factory=dict)
+    """Seconds a paused step (``none`` under a head) costs beyond a plain step at batch b: recording the step's
+    pair and, amortized, the draft cache's catch-up over the recorded pairs. Keeping the head ready is not
+    free: 2-5% a step on a 2-core EPYC, more than a chain that breaks even costs."""
     envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +111,9 @@ class CostTable:
     def stalled(self, factor: float = 1.2) -> list[tuple[int, int]]:
         """Verify measurements more than ``factor`` times a larger forward's: stalls to measure again."""
         return sorted(k for k, s in self.verify.items() if s > factor * self.envelope[k])
+
+    def paused_cost(self, batch: int) -> float:
+        return self.paused.get(self._batch(batch), 0.0)
 
     def draft_cost(self, batch: int, label: str) -> float | None:
         return self.draft.get((self._batch(batch), label))
@@ -185,7 +192,7 @@ class Choice:
     expected_tokens: float
     """Tokens committed per row and step (accepted draft tokens + the bonus token); 1 for ``none``."""
     step_s: float
-    """Predicted seconds of the step: draft(b, s) + verify(b, nodes(s)); verify(b, 1) for ``none``."""
+    """Predicted seconds of the step: draft(b, s) + verify(b, nodes(s)); verify(b, 1) + paused(b) for ``none``."""
 
     @property
     def vanilla_s(self) -> float:
@@ -194,9 +201,12 @@ class Choice:
 
 
 def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expected_tokens: float) -> float | None:
-    """E[tokens] * verify(b, 1) / (draft + verify(b, nodes)); None when the shape's draft cost is unmeasured."""
+    """E[tokens] * verify(b, 1) / (draft + verify(b, nodes)); None when the shape's draft cost is unmeasured.
+    ``none`` (a paused step, the head kept ready): verify(b, 1) / (verify(b, 1) + paused(b)), 1 without a
+    measured paused cost."""
     if label == PLAIN:
-        return 1.0
+        v1 = costs.verify_cost(batch, 1)
+        return v1 / (v1 + costs.paused_cost(batch))
     draft = costs.draft_cost(batch, label)
     if draft is None:
         return None
@@ -207,7 +217,8 @@ def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, trac
           ) -> Choice | None:
     """The prediction for one shape (``none``: speedup 1); None when its draft cost is unmeasured."""
     if label == PLAIN:
-        return Choice(PLAIN, 1.0, 1.0, costs.verify_cost(batch, 1))
+        return Choice(PLAIN, predicted_speedup(costs, batch, PLAIN, 1, 1.0), 1.0,
+                      costs.verify_cost(batch, 1) + costs.paused_cost(batch))
     e = tracker.expected_tokens(label, depth)
     s = predicted_speedup(costs, batch, label, nodes, e)
     if s is None:
