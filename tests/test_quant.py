@@ -334,3 +334,26 @@ def test_int8_draft_head_next_to_a_packed_target_stays_lossless(packed_tiny):
     assert [c.token_ids for c in got] == vanilla
     with pytest.raises(ValueError, match="unknown packed format"):
         pack_linears(head, "int3")
+
+
+def test_a_packed_draft_encodes_many_rows_densely_in_bfloat16_and_few_packed():
+    """A packed head's layer (pack_linears) runs a catch-up's many rows (``prefill``) through a bfloat16 copy of
+    the same int8 weights, and draft steps' few rows through the int8 kernel."""
+    from eaglespec.runtime.pack import pack_linears
+
+    torch.manual_seed(0)
+    holder = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False))
+    pack_linears(holder, "int8")
+    layer = holder[0]
+    assert layer.dense is not None and layer.dense.dtype == torch.bfloat16
+    deq = layer.dequantize()  # float32 [32, 64]: what both kernels multiply by
+    torch.testing.assert_close(layer.dense.float(), deq, rtol=1e-2, atol=1e-3)
+    many, few = torch.randn(40, 64), torch.randn(4, 64)
+    calls = []
+    real = layer._packed
+    layer._packed = lambda x2: calls.append(x2.shape[0]) or real(x2)
+    torch.testing.assert_close(layer(many, prefill=True), F.linear(many, deq), rtol=3e-2, atol=3e-2)
+    assert calls == []  # 40 rows of a catch-up: dense
+    layer(few, prefill=True)
+    layer(many)  # not a prefill: packed whatever the rows
+    assert calls == [4, 40]

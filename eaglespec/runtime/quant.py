@@ -50,6 +50,8 @@ class KernelPlan:
 
     choice: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     measured_on: str = "default"
+    dense_dtype: torch.dtype | None = None
+    """The dense copy's dtype, in which dense rows are computed (None: float32, computed in the input's dtype)."""
 
     def kernel(self, fmt: str, rows: int) -> str:
         table = self.choice.get(fmt) or [(1 << 30, "packed")]
@@ -148,7 +150,7 @@ class PackedLinear(nn.Module):
 
     def _finish(self) -> None:
         if self.plan.needs_dense(self.fmt):
-            self.dense = self.dequantize()
+            self.dense = self.dequantize().to(self.plan.dense_dtype or torch.float32)
         self.__dict__.pop("_q_for_dense", None)
 
     # --------------------------------------------------------------------------------------------- math
@@ -174,7 +176,10 @@ class PackedLinear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if prefill and self.dense is not None and self.plan.kernel(self.fmt, x2.shape[0]) == "dense":
-            y = F.linear(x2, self.dense.to(x2.dtype))
+            if self.plan.dense_dtype is None:
+                y = F.linear(x2, self.dense.to(x2.dtype))
+            else:
+                y = F.linear(x2.to(self.dense.dtype), self.dense).to(x.dtype)
         else:
             y = self._packed(x2).to(x.dtype)
         if self.bias is not None:

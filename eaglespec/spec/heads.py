@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eaglespec.runtime.kvcache import HostRows, KVCache
+from eaglespec.runtime.quant import PackedLinear
 from eaglespec.runtime.model import (
     ForwardOutput,
     ModelArgs,
@@ -337,6 +338,13 @@ class HeadAttention(nn.Module):
 
 
 
+def project(layer: nn.Module, x: Tensor, prefill: bool = False) -> Tensor:
+    """A head's linear layer: ``nn.Linear``, or ``runtime.quant.PackedLinear`` once packed next to a packed
+    target, which picks its kernel by row count when ``prefill`` (many rows at once: the draft cache's
+    catch-up and prompt encoding)."""
+    return layer(x, prefill) if isinstance(layer, PackedLinear) else layer(x)
+
+
 class SwiGLU(nn.Module):
     def __init__(self, hidden: int, inner: int) -> None:
         super().__init__()
@@ -344,8 +352,9 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: Tensor, prefill: bool = False) -> Tensor:
+        return project(self.down_proj, F.silu(project(self.gate_proj, x, prefill)) * project(self.up_proj, x, prefill),
+                       prefill)
 
 
 class HeadLayer(nn.Module):
@@ -379,15 +388,16 @@ class HeadLayer(nn.Module):
 
     def project_qkv(self, a: Tensor, prefill: bool = False) -> tuple[Tensor, Tensor]:
         att, (batch, n_new, _) = self.self_attn, a.shape
-        q = att.q_proj(a).view(batch, n_new, att.n_heads, att.head_dim)
-        k = att.k_proj(a).view(batch, n_new, att.n_kv_heads, att.head_dim)
-        return torch.cat((q, k), dim=2), att.v_proj(a).view(batch, n_new, att.n_kv_heads, att.head_dim)
+        q = project(att.q_proj, a, prefill).view(batch, n_new, att.n_heads, att.head_dim)
+        k = project(att.k_proj, a, prefill).view(batch, n_new, att.n_kv_heads, att.head_dim)
+        return torch.cat((q, k), dim=2), project(att.v_proj, a, prefill).view(batch, n_new, att.n_kv_heads,
+                                                                               att.head_dim)
 
     def project_out(self, o: Tensor, prefill: bool = False) -> Tensor:
-        return self.self_attn.o_proj(o)
+        return project(self.self_attn.o_proj, o, prefill)
 
     def feed_forward(self, x: Tensor, prefill: bool = False) -> Tensor:
-        return self.mlp(self.post_attention_layernorm(x))
+        return self.mlp(self.post_attention_layernorm(x), prefill)
 
 
 # ================================================================================================ the head
@@ -486,11 +496,11 @@ class DraftHead(nn.Module):
                              f"(aux of width {self.config.feature_size})")
         return out.aux
 
-    def fuse(self, target_features: Tensor) -> Tensor:
+    def fuse(self, target_features: Tensor, prefill: bool = False) -> Tensor:
         """[B, T, F] target features -> [B, T, H] head input h (EAGLE-3: ``fc``; EAGLE-1: identity)."""
         if self.config.kind == "eagle1":
             return target_features.to(self.dtype)
-        return self.fc(target_features.to(self.dtype))
+        return project(self.fc, target_features.to(self.dtype), prefill)
 
     def new_cache(self, max_batch: int, max_len: int) -> KVCache:
         """An empty KV cache for the head's own layers, in its dtype and on its device."""
@@ -499,7 +509,7 @@ class DraftHead(nn.Module):
                        dtype=self.dtype, device=self.device)
 
     def forward(self, h: Tensor, tokens: Tensor, positions: Tensor, cache: KVCache, rows: Tensor | None = None,
-                block_mask: Tensor | None = None, host: HostRows | None = None) -> Tensor:
+                block_mask: Tensor | None = None, host: HostRows | None = None, prefill: bool = False) -> Tensor:
         """One draft step over T new tokens per batch entry; returns the pre-norm output feature [B, T, H].
 
         Args:
@@ -513,6 +523,7 @@ class DraftHead(nn.Module):
                 earlier drafted, uncommitted tokens. Passed to ``plan_attention`` as is (W > T needs its
                 support for wide blocks).
             host: the rows' committed lengths as held on the host (``plan_attention``; no device read).
+            prefill: many rows at once (the draft cache's catch-up): packed layers pick their kernel by rows.
 
         Under autograd each layer writes into a fresh copy of ``cache.k``/``cache.v`` (the old tensors stay
         intact for backward), so a graph may span several calls on one cache; start every training step
@@ -524,7 +535,7 @@ class DraftHead(nn.Module):
         emb = F.embedding(tokens, self.embed_weight)  # [B, T, H]
         x = h.to(self.dtype)
         if self.config.kind == "eagle1":
-            x = self.fc(torch.cat((emb, x), dim=-1))  # embedding first
+            x = project(self.fc, torch.cat((emb, x), dim=-1), prefill)  # embedding first
         track_grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
 
         def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
@@ -533,7 +544,7 @@ class DraftHead(nn.Module):
             return cached_attention(q, k, v, cache, i, plan=plan)
 
         for i, layer in enumerate(self.decoder_layers()):
-            x = decoder_layer(layer, i, x, rope, attend, emb=emb)
+            x = decoder_layer(layer, i, x, rope, attend, emb=emb, prefill=prefill)
         return x
 
     def logits(self, out: Tensor) -> Tensor:

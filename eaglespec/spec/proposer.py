@@ -161,9 +161,9 @@ class EagleProposer:
                 self._prompts[r] = (f[:n], t[:n])
             self._prompt_n[rows] = lengths
             return
-        h = self.head.fuse(feats)  # [B, T, H]
+        h = self.head.fuse(feats, prefill=True)  # [B, T, H]
         positions = torch.arange(T, device=tokens.device).expand(B, T)
-        o = self.head(h, shifted, positions, self.cache, rows=rows)  # [B, T, H]
+        o = self.head(h, shifted, positions, self.cache, rows=rows, prefill=True)  # [B, T, H]
         self.cache.advance(rows, lengths)
         self.last_h[rows] = o.gather(1, (lengths - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
 
@@ -293,7 +293,8 @@ class EagleProposer:
         """Append pairs (target features feats [B, T, F], next tokens toks [B, T]) to the draft cache rows
         ``rows`` [B], the first n [B] of each (the rest is padding), and refresh last_h."""
         positions = self.cache.lengths[rows][:, None] + torch.arange(toks.shape[1], device=rows.device)[None, :]
-        o = self.head(self.head.fuse(feats), toks, positions, self.cache, rows=rows)  # [B, T, H]
+        o = self.head(self.head.fuse(feats, prefill=True), toks, positions, self.cache, rows=rows,
+                      prefill=True)  # [B, T, H]
         self.cache.advance(rows, n)
         last = o.gather(1, (n - 1).clamp(min=0)[:, None, None].expand(-1, 1, o.shape[-1]))[:, 0]  # [B, H]
         self.last_h[rows] = torch.where((n > 0)[:, None], last, self.last_h[rows])
