@@ -504,13 +504,10 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
 
     from eaglespec.engine import calibrate as cal
 
-    def run(target, proposer, batch, steps, prompt):  # drafting: 1 ms a step
-        return 0.0, SimpleNamespace(target_forwards=steps - 1, draft_s=0.001 * (steps - 1))
+    def steps(target, proposer, batch, n, prompt):  # steps: 30 ms with a tree, 12 ms plain, one stall; drafting 1 ms
+        stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))
+        return [0.030 if proposer is not None else 0.012] * 9 + [0.5], stats
 
-    def steps(target, proposer, batch, n, prompt):  # engine steps: 30 ms with a tree, 12 ms plain, one stall
-        return [0.030 if proposer is not None else 0.012] * 9 + [0.5], run(None, None, batch, n, prompt)[1]
-
-    monkeypatch.setattr(cal, "_engine_run", run)
     monkeypatch.setattr(cal, "_step_times", steps)
     target = SimpleNamespace(model=SimpleNamespace(device=None))
     verify = {(b, n): 0.010 + 0.002 * n for b in (1, 2) for n in (1, 2, 4)}

@@ -4,11 +4,13 @@ What a speculative step costs depends on the CPU (a 2-token float32 forward cost
 Xeon, 1.66x on one EPYC), the precision, the thread count and the batch size, so no table tuned elsewhere can
 say which tree pays. ``calibrate`` measures, with warm-up:
   * verify(b, n): a target forward of n tokens per row at batch b over a fixed prefix;
-  * draft(b, shape): the drafter's time per step for each candidate tree shape, by running the engine with
-    that shape on a fixed prompt for a short and a long decode and taking the difference per extra step
-    (the real head, the real tree code; a run's one-off costs cancel);
-  * overhead(b): the engine's per-step work beyond the forward (verification, sampling, host read), from a
-    short and a long plain decode the same way; every step pays it, drafting or not.
+  * overhead(b): the engine's per-step work beyond the forward (verification, sampling, host read): the
+    median plain engine step, each step timed on its own, less verify(b, 1); every step pays it;
+  * draft(b, shape): what each candidate tree shape costs per step beyond its forward and the overhead, by
+    running the engine with that shape on a fixed prompt (the real head, the real tree code): the draft
+    seconds of a long decode less a short one's per extra step, or its median step less verify and
+    overhead, whichever is larger;
+  * paused(b): what a paused step (the head kept ready) costs beyond a plain one.
 The result (a ``costmodel.CostTable``) is cached as JSON under the cache directory, keyed by a fingerprint
 of the machine (CPU model, cores, threads, torch version), the model, its precision and the head, and reused
 until one of them changes. ``eaglespec calibrate`` runs it explicitly and prints the table.
@@ -35,9 +37,10 @@ log = logging.getLogger(__name__)
 __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_proposer", "calibrate", "calibration_for",
            "calibration_key", "cost_table_text", "load_or_calibrate"]
 
-CALIBRATION_VERSION = 5  # 2: differential draft costs, engine overhead per step; 3: int4 models rank logits
-# in int4; 4: engine overhead from the fastest of 3 runs; 5: overhead from the median decode step, a tree's cost at least its
-# median step less forward and overhead, cheap forwards timed up to 7 times, the paused step's cost
+# 2: differential draft costs, engine overhead per step; 3: int4 models rank logits in int4; 4: engine overhead
+# from the fastest of 3 runs; 5: overhead from the median decode step, a tree's cost at least its median step
+# less forward and overhead, cheap forwards timed up to 7 times, the paused step's cost
+CALIBRATION_VERSION = 5
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
@@ -75,8 +78,8 @@ def _time(fn, warmup: int = 1, reps: int = 2, max_reps: int = 7, budget_s: float
 def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
                    prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
     """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
-    cached tokens (the minimum of 2-7 timed runs after a warm-up, ``_time``). Points that cost more than a larger forward
-    (``CostTable.stalled``: the machine stalled) are measured again, up to ``retries`` rounds."""
+    cached tokens (the minimum of 2-7 timed runs after a warm-up, ``_time``). Points that cost more than a
+    larger forward (``CostTable.stalled``: the machine stalled) are measured again, up to ``retries`` rounds."""
     batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
     out: dict[tuple[int, int], float] = {}
     forwards = {}  # (b, n) -> the forward to time
@@ -107,18 +110,6 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
     return out
 
 
-def _engine_run(target, proposer, batch: int, steps: int, prompt: list[int]):
-    """(wall seconds, stats of the first request) of one engine run of ``steps`` new tokens per row."""
-    from eaglespec.config import GenerationConfig
-    from eaglespec.engine.generate import Engine, Request
-
-    engine = Engine(target, proposer, max_batch_size=batch)
-    reqs = [Request(prompt, GenerationConfig(steps, ignore_eos=True)) for _ in range(batch)]
-    t = time.perf_counter()
-    done = engine.generate(reqs)
-    return time.perf_counter() - t, done[0].stats
-
-
 # Steps of the short and the long run whose difference is timed: what a run pays once (the prompt, the draft
 # cache's first encoding, allocation) cancels out, which a per-step mean over a few steps does not (with 4
 # steps it counted the draft of a 2-node chain at 3.5 ms a step on a 2-core EPYC, where the benchmark measured
@@ -127,8 +118,8 @@ SHORT_STEPS, LONG_STEPS = 4, 20
 
 
 def _step_times(target, proposer, batch: int, steps: int, prompt: list[int]) -> tuple[list[float], object]:
-    """(wall seconds of each decode step of one engine run, the first request's stats): the prefill and the
-    first two steps left out (they pay the run's one-off costs)."""
+    """(wall seconds of each decode step of one engine run of ``steps`` new tokens per row, the first
+    request's stats): the prefill and the first two steps left out (they pay the run's one-off costs)."""
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request
 
@@ -145,6 +136,15 @@ def _step_times(target, proposer, batch: int, steps: int, prompt: list[int]) -> 
     return times[3:], first.stats
 
 
+def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key=lambda b: b) -> None:
+    """Fill ``out[key(b)]`` for the batch sizes between the smallest and largest measured, linearly."""
+    lo, hi = measured[0], measured[-1]
+    for b in batches:
+        if b not in measured:
+            t = (b - lo) / (hi - lo)
+            out[key(b)] = (1 - t) * out[key(lo)] + t * out[key(hi)]
+
+
 @torch.inference_mode()
 def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
                   costs: CostTable | None = None) -> dict[tuple[int, str], float]:
@@ -153,8 +153,8 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     a fixed prompt (after a warm-up run): the extra draft seconds of the long run over its extra target
     forwards are one step's drafting. With ``costs`` (the forwards and the overhead measured already) the
     long run's steps are also timed one by one, and the cost is at least the median step less
-    ``costs.verify_cost(b, nodes)`` (the forward plus the overhead): what a tree step does besides drafting (verifying and compacting a tree,
-    committing several tokens) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost 1.39-1.40x a
+    ``costs.verify_cost(b, nodes)`` (the forward plus the overhead): what a tree step does besides drafting
+    (verifying and compacting a tree, committing several tokens) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost 1.39-1.40x a
     plain one in the benchmark's records while drafting + forwards + overhead summed to 1.27-1.32x."""
     batches = batches or BATCHES
     out: dict[tuple[int, str], float] = {}
@@ -165,8 +165,8 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
             continue
         for b in measured:
             if b == measured[0]:
-                _engine_run(target, make_proposer(tree), 1, SHORT_STEPS, prompt)  # warm-up, once per tree
-            _, short = _engine_run(target, make_proposer(tree), b, SHORT_STEPS, prompt)
+                _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt)  # warm-up, once per tree
+            _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt)
             times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt)
             forwards = long.target_forwards - short.target_forwards
             cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
@@ -174,11 +174,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
             if costs is not None and times:
                 cost = max(cost, statistics.median(times) - costs.verify_cost(b, tree.num_nodes))
             out[(b, label)] = cost
-        lo, hi = measured[0], measured[-1]
-        for b in batches:
-            if b not in measured:
-                t = (b - lo) / (hi - lo)
-                out[(b, label)] = (1 - t) * out[(lo, label)] + t * out[(hi, label)]
+        _interpolate(out, batches, measured, key=lambda b, label=label: (b, label))
     return out
 
 
@@ -198,7 +194,7 @@ def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: S
     batches = batches or BATCHES
     prompt = list(range(5, 5 + PREFIX))
     out = {}
-    _engine_run(target, None, 1, SHORT_STEPS, prompt)  # warm-up
+    _step_times(target, None, 1, SHORT_STEPS, prompt)  # warm-up
     for b in batches:
         times = [t for _ in range(reps) for t in _step_times(target, None, b, LONG_STEPS, prompt)[0]]
         out[b] = max(0.0, statistics.median(times) - verify[(b, 1)])
@@ -228,11 +224,7 @@ def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, 
             spikes = sum(t - mid for t in paused if t > 1.5 * mid) / max(len(paused), 1)
             best = min(best, max(0.0, mid - statistics.median(plain)) + spikes)
         out[b] = best
-    lo, hi = measured[0], measured[-1]
-    for b in batches:
-        if b not in measured:
-            t = (b - lo) / (hi - lo)
-            out[b] = (1 - t) * out[lo] + t * out[hi]
+    _interpolate(out, batches, measured)
     return out
 
 
