@@ -496,8 +496,15 @@ def test_eval_count_spreads_evaluations_over_a_changing_step_count():
         TrainConfig(data="d", time_budget=0).validate()
 
 
-def test_a_time_budget_ends_the_run_and_resume_counts_the_time_spent(tiny, tmp_path):
+def test_a_time_budget_ends_the_run_and_resume_counts_the_time_spent(tiny, tmp_path, monkeypatch):
+    import itertools
+    from types import SimpleNamespace
+
+    import eaglespec.train.train as train_module
+
     target, root = tiny
+    ticks = itertools.count()  # a clock that moves 10 ms at every reading: the run does not depend on this machine
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: 0.01 * next(ticks)))
     cfg = config(root, "budget", max_steps=100_000, time_budget=3.0, eval_count=2, eval_records=8,
                  eval_acceptance_prompts=0, checkpoint_every=5, log_every=1, draft_vocab_size=100)
     summary = train(cfg, target)
