@@ -30,6 +30,10 @@ def add_model_args(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, 
     p.add_argument("--dtype", default=default, choices=list(dtypes),
                    help=dtype_help or (AUTO_HELP if default == "auto" else None))
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    if "int4" in dtypes:
+        p.add_argument("--int4-kernel", default="auto", choices=["auto", "w4a8", "torch"],
+                       help="kernel of int4 weights: w4a8 = int8 activations on AVX-512 VNNI (built on first use), "
+                            "torch = torch's int4 kernel (bfloat16 activations); auto (default): w4a8 where it runs")
     if compile_flag:
         p.add_argument("--compile", action="store_true",
                        help="run the target's decode and verification forwards as one compiled graph (torch.compile; "

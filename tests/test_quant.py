@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from eaglespec.config import GenerationConfig
 from eaglespec.engine.generate import Engine, Request
 from eaglespec.spec.proposer import EagleProposer
-from eaglespec.runtime import quant
+from eaglespec.runtime import quant, w4a8
 from eaglespec.runtime.gguf_blocks import GGUFTypeError, read_quant_tensors, unpermute_rows
 from eaglespec.runtime.pack import pack_model
 from eaglespec.runtime.quant import KernelPlan, PackedLinear, calibrate_kernels, dequantize_int4
@@ -145,10 +145,21 @@ def test_unpermute_rows_inverts_llama_cpp_permutation():
 
 
 # ---------------------------------------------------------------------------------- speculation stays lossless
-@pytest.fixture(scope="module", params=["int8", "int4"])
+PACKED_KINDS = ["int8", "int4:torch", "int4:w4a8"]  # format:int4 kernel
+
+
+def _pack(model, kind):
+    fmt, _, kernel = kind.partition(":")
+    if kernel == "w4a8" and not w4a8.available():
+        pytest.skip(f"w4a8 kernel unavailable: {w4a8.unavailable_reason()}")
+    pack_model(model, fmt, plan=KernelPlan(PACKED_ONLY), int4_kernel=kernel or "auto")
+    assert kernel in ("", model.int4_kernel)
+
+
+@pytest.fixture(scope="module", params=PACKED_KINDS)
 def packed_tiny(request):
     target, _ = tiny_target("llama")
-    pack_model(target.model, request.param, plan=KernelPlan(PACKED_ONLY))
+    _pack(target.model, request.param)
     return target
 
 
@@ -235,15 +246,15 @@ def test_default_model_int4_runs_the_gguf_blocks_and_keeps_its_answers():
     assert sum(spec.stats.accepted_per_position) > 0
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("kind", PACKED_KINDS)
 @pytest.mark.parametrize("prefix,n_new", [(5, 2), (37, 5), (70, 9)])
-def test_packed_verification_forward_is_bit_identical_to_decoding_each_token(fmt, prefix, n_new):
+def test_packed_verification_forward_is_bit_identical_to_decoding_each_token(kind, prefix, n_new):
     """A chain verified in one forward gets exactly the activations and logits of decoding its tokens one by
     one (row-independent packed kernels, float64 attention): what makes greedy speculative output equal
     vanilla output in packed precisions, where bfloat16 activations amplify any last-bit difference."""
     target, _ = tiny_target("llama", seed=3)
     model = target.model
-    pack_model(model, fmt, plan=KernelPlan(PACKED_ONLY))
+    _pack(model, kind)
     torch.manual_seed(prefix)
     tokens = torch.randint(0, model.args.vocab_size, (1, prefix + n_new))
     layers = list(range(model.args.num_hidden_layers + 1))

@@ -425,6 +425,8 @@ class BenchConfig:
     device: str = "cpu"
     compile: bool = False
     """Decode and verification forwards as one compiled graph (runtime.compiled)."""
+    int4_kernel: str = "auto"
+    """Kernel of packed int4 weights (runtime.quant.INT4_KERNELS)."""
     limit: int | None = None
     """First N questions per dataset (after the category filters)."""
     limit_per_category: int | None = None
@@ -504,11 +506,13 @@ class Bench:
         if target is None:
             from eaglespec.runtime.loading import load_target
 
-            target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, compile=cfg.compile)
+            target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, compile=cfg.compile,
+                                 int4_kernel=cfg.int4_kernel)
         self.target = target
         self.dtype = target.model.precision  # resolved (--dtype auto, "bf16" and "bfloat16" alike, int4, ...)
         self.machine = machine_facts(cfg.device, self.dtype)
         self.machine["compiled"] = target.model.step_graph is not None
+        self.machine["int4_kernel"] = target.model.int4_kernel
         self.results: dict[tuple, dict] = {}  # record key -> record (resumed and new)
         self.skipped: dict[str, str] = {}  # method -> why
         self.unavailable = {m.name: why for m in self.methods if (why := self._availability(m)) is not None}
@@ -935,8 +939,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise BenchError("nothing to do: give --dataset PATH (repeatable) and/or --cost-curve")
     try:
         cfg = BenchConfig(datasets=args.dataset, out=args.out, methods=args.methods or ["vanilla,eagle"],
-                          model=args.model, dtype=args.dtype, device=args.device, compile=args.compile, limit=args.limit,
-                          limit_per_category=args.limit_per_category,
+                          model=args.model, dtype=args.dtype, device=args.device, compile=args.compile,
+                          int4_kernel=args.int4_kernel, limit=args.limit, limit_per_category=args.limit_per_category,
                           categories=args.categories.split(",") if args.categories else None,
                           max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                           temperatures=[float(t) for t in args.temperature.split(",")], top_p=args.top_p,
@@ -956,7 +960,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if target is None:
             from eaglespec.runtime.loading import load_target
 
-            target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile)
+            target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile,
+                                 int4_kernel=args.int4_kernel)
         run_cost_curve(args, target)
     if not args.no_report:
         path = report.write_report(Path(args.out))

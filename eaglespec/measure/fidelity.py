@@ -106,7 +106,10 @@ def run(args: argparse.Namespace) -> list[Fidelity]:
     reference: list[list[int]] | None = None
     for dtype in dtypes:
         t0 = time.perf_counter()
-        target = load_target(args.model, dtype=dtype, device=args.device)
+        name, _, kernel = dtype.partition(":")  # "int4:torch" / "int4:w4a8": the int4 kernel too
+        target = load_target(args.model, dtype=name, device=args.device, int4_kernel=kernel or "auto")
+        if name == "int4" and not kernel:
+            dtype = f"int4:{target.model.int4_kernel}"
         load_s = time.perf_counter() - t0
         prompts = [encode_conversation(target.tokenizer, q.turns[:1], [], chat=True) for q in questions]
         texts = [target.tokenizer.encode(_ppl_text(r, args.ppl_data))[: args.ppl_max_len] for r in ppl_records]
@@ -161,7 +164,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", default=None, help="target: HF dir or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtypes", default="float32,bfloat16,int8,int4",
-                   help="comma list of precisions (float32 is always run, as the reference)")
+                   help="comma list of precisions (float32 is always run, as the reference); int4:torch / int4:w4a8 "
+                        "pick the int4 kernel (plain int4: --int4-kernel auto)")
     p.add_argument("--dataset", required=True, metavar="[NAME=]PATH", help="question file (first turns are used)")
     p.add_argument("--limit", type=int, default=10, help="questions")
     p.add_argument("--max-new-tokens", type=int, default=128)

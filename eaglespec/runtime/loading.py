@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from eaglespec.runtime.cachedir import cache_root  # noqa: F401  (re-exported: callers import it from here)
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
@@ -196,15 +198,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device | None = 
 
 # ----------------------------------------------------------------------------------------------------------
 # Converted-weights cache for GGUF sources
-
-
-def cache_root() -> Path:
-    """`$EAGLESPEC_CACHE_DIR`, else `$XDG_CACHE_HOME/eaglespec`, else `~/.cache/eaglespec`."""
-    if os.environ.get("EAGLESPEC_CACHE_DIR"):
-        return Path(os.environ["EAGLESPEC_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "eaglespec"
-    return Path.home() / ".cache" / "eaglespec"
 
 
 def gguf_cache_key(gguf_path: Path) -> str:
@@ -459,9 +452,11 @@ def load_target(
     dtype: str | torch.dtype = AUTO_DTYPE,
     device: str | torch.device = "cpu",
     compile: bool = False,
+    int4_kernel: str = "auto",
 ) -> Target:
     """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`;
-    `compile`: run its decode and verification forwards as one compiled graph (runtime.compiled)."""
+    `compile`: run its decode and verification forwards as one compiled graph (runtime.compiled);
+    `int4_kernel`: the kernel of packed int4 weights (runtime.quant.INT4_KERNELS)."""
     from eaglespec.runtime.model import ModelArgs, Transformer
 
     auto = isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE
@@ -476,7 +471,8 @@ def load_target(
     if packed:
         from eaglespec.runtime.pack import pack_model
 
-        pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None)
+        pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None,
+                   int4_kernel=int4_kernel)
     if compile:
         from eaglespec.runtime.compiled import compile_step
 

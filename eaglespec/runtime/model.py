@@ -628,6 +628,7 @@ class Transformer(nn.Module):
         # Decode and verification forwards as one compiled graph (runtime.compiled.compile_step), or None.
         self.step_graph: Any = None
         self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
+        self.int4_kernel: str | None = None  # packed int4: "w4a8" or "torch" (runtime.quant.INT4_KERNELS)
 
     @property
     def dtype(self) -> torch.dtype:

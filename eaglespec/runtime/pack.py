@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from eaglespec.runtime.gguf_blocks import QuantTensor, read_quant_tensors, unpermute_rows
-from eaglespec.runtime.quant import FORMATS, KernelPlan, PackedLinear
+from eaglespec.runtime.quant import FORMATS, KernelPlan, PackedLinear, resolve_int4_kernel
 
 __all__ = ["pack_linears", "pack_model"]
 
@@ -43,10 +43,13 @@ def _fused_gguf(blocks: dict[str, QuantTensor], layer: int, attr: str, args) -> 
     return QuantTensor(f"blk.{layer}.{attr}", parts[0].ggml_type, "int4", cat("q"), cat("scale"), cat("zero"))
 
 
-def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: KernelPlan | None = None) -> dict:
-    """Pack ``model``'s projections in place; returns counts of what came from where."""
+def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: KernelPlan | None = None,
+               int4_kernel: str = "auto") -> dict:
+    """Pack ``model``'s projections in place; returns counts of what came from where. ``int4_kernel``: one of
+    ``quant.INT4_KERNELS`` (``auto``: ours where it runs, else torch's)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
+    kernel = resolve_int4_kernel(int4_kernel) if fmt == "int4" else "torch"
     if model.dtype != torch.float32 or model.device.type != "cpu":
         raise ValueError(f"packed {fmt} weights need the float32 CPU model (got {model.dtype} on {model.device})")
     args = model.args
@@ -56,10 +59,10 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
         for attr in _GGUF_PARTS:
             qt = _fused_gguf(blocks, i, attr, args) if blocks else None
             if qt is not None:
-                packed = PackedLinear.from_int4(qt.q, qt.scale, qt.zero, 32, plan)
+                packed = PackedLinear.from_int4(qt.q, qt.scale, qt.zero, 32, plan, kernel=kernel)
                 counts["from_gguf_blocks"] += 1
             else:
-                packed = PackedLinear.from_float(getattr(layer, attr).data, fmt, plan=plan)
+                packed = PackedLinear.from_float(getattr(layer, attr).data, fmt, plan=plan, kernel=kernel)
                 counts["quantized"] += 1
             del layer._parameters[attr]
             setattr(layer, attr, packed)
@@ -73,9 +76,10 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     # (int8) vs 6.5222 (int4) through the int4 target; the projection at 1 / 4 / 8 rows 4.2 / 4.1 / 8.1 ms in
     # int8 vs 2.1 / 2.0 / 5.1 ms in int4 (docs/RUNTIME.md).
     model.lm_head_packed = PackedLinear.from_float(model.lm_head_weight.data, fmt,
-                                                   plan=_always_packed(fmt, "lm_head"))
+                                                   plan=_always_packed(fmt, "lm_head"), kernel=kernel)
     model.attention_dtype = torch.float64  # see Transformer.attention_dtype
     model.precision = fmt
+    model.int4_kernel = kernel if fmt == "int4" else None
     return counts
 
 

@@ -13,8 +13,13 @@ back to the input dtype):
   * int8: ``y = (x @ q.T) * scale[n]``, q int8 [N, K], scale [N].
   * int4: ``w[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n]`` for group g = k // G, q in 0..15. GGUF's
     Q4_1 blocks (``d * q + m``) map onto it exactly with scale = d and zero = m + 8 d; Q4_0 (``d * (q - 8)``)
-    with zero = 0. The scales are held in bfloat16 (the kernel's dtype), so d and m lose their last three
-    fp16 mantissa bits: the dequantized reference is computed from the same bfloat16 scales.
+    with zero = 0. Two kernels (``INT4_KERNELS``):
+      - ``w4a8`` (ours, ``runtime/w4a8.py``; the default where AVX-512 VNNI and a compiler are there): the
+        activations are quantized per row to int8 blocks of 32, scales held in float16 (GGUF's own, exact);
+        float32 in and out.
+      - ``torch`` (``aten._weight_int4pack_mm_for_cpu``): bfloat16 activations; the scales are held in
+        bfloat16 (the kernel's dtype), so d and m lose their last three fp16 mantissa bits: the dequantized
+        reference is computed from the same bfloat16 scales.
 """
 
 from __future__ import annotations
@@ -31,10 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FORMATS", "KernelPlan", "PackedLinear", "calibrate_kernels", "default_plan", "linear",
-           "dequantize_int4", "quantize_int4", "quantize_int8"]
+__all__ = ["FORMATS", "INT4_KERNELS", "KernelPlan", "PackedLinear", "calibrate_kernels", "default_plan", "linear",
+           "dequantize_int4", "quantize_int4", "quantize_int8", "resolve_int4_kernel"]
+
+from eaglespec.runtime import w4a8
 
 FORMATS = ("int8", "int4")
+INT4_KERNELS = ("auto", "w4a8", "torch")
+"""``auto``: ``w4a8`` where it runs (``w4a8.available()``), else ``torch``."""
 KERNELS = ("packed", "dense")
 ROW_BUCKETS = (4, 16, 64, 256)  # prefill sizes
 
@@ -67,6 +76,20 @@ class KernelPlan:
 def default_plan() -> KernelPlan:
     """Without measurements: prefills of up to 16 rows packed, longer ones dense float32 (compute-bound)."""
     return KernelPlan({f: [(16, "packed"), (1 << 30, "dense")] for f in FORMATS})
+
+
+def resolve_int4_kernel(name: str) -> str:
+    """``auto`` -> the fastest int4 kernel that runs here; an explicit ``w4a8`` that cannot run is refused."""
+    name = name.strip().lower()
+    if name not in INT4_KERNELS:
+        raise ValueError(f"unknown int4 kernel {name!r}; use one of {INT4_KERNELS}")
+    if name == "torch":
+        return name
+    if w4a8.available():
+        return "w4a8"
+    if name == "w4a8":
+        raise ValueError(f"the w4a8 int4 kernel cannot run here: {w4a8.unavailable_reason()}")
+    return "torch"
 
 
 # ================================================================================================ packing
@@ -103,11 +126,12 @@ class PackedLinear(nn.Module):
     """``y = x @ W.T (+ bias)`` with W held packed; see the module docstring for the formats."""
 
     def __init__(self, fmt: str, in_features: int, out_features: int, group_size: int = 0,
-                 plan: KernelPlan | None = None) -> None:
+                 plan: KernelPlan | None = None, kernel: str = "torch") -> None:
         super().__init__()
         if fmt not in FORMATS:
             raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
         self.fmt, self.in_features, self.out_features, self.group_size = fmt, in_features, out_features, group_size
+        self.kernel = kernel  # int4: "w4a8" or "torch" (resolved, see INT4_KERNELS); int8: "torch"
         self.plan = plan or default_plan()
         self.dense: Tensor | None = None  # float32 [N, K], only when the plan runs some rows densely
         self.bias: Tensor | None = None
@@ -123,15 +147,28 @@ class PackedLinear(nn.Module):
 
     @classmethod
     def from_int4(cls, q: Tensor, scale: Tensor, zero: Tensor, group_size: int = 32,
-                  plan: KernelPlan | None = None) -> PackedLinear:
-        """q int [N, K] in 0..15; scale, zero [N, K/G] (kernel convention (q - 8) * scale + zero)."""
+                  plan: KernelPlan | None = None, kernel: str = "torch") -> PackedLinear:
+        """q int [N, K] in 0..15; scale, zero [N, K/G] (convention (q - 8) * scale + zero); ``kernel``: one of
+        ``INT4_KERNELS`` (``auto`` resolved here)."""
         n, k = q.shape
         if k % group_size or scale.shape != (n, k // group_size) or zero.shape != scale.shape:
             raise ValueError(f"int4: q {tuple(q.shape)}, scale {tuple(scale.shape)}, zero {tuple(zero.shape)} do "
                              f"not match group size {group_size}")
         if int(q.min()) < 0 or int(q.max()) > 15:
             raise ValueError("int4: quantized values must lie in 0..15")
-        m = cls("int4", k, n, group_size, plan)
+        kernel = resolve_int4_kernel(kernel)
+        if kernel == "w4a8" and group_size != w4a8.GROUP:
+            kernel = "torch"  # the w4a8 layout holds blocks of 32 (both kernels need rows in multiples of 16)
+        m = cls("int4", k, n, group_size, plan, kernel)
+        if kernel == "w4a8":
+            offset = zero.double() - 8.0 * scale.double()  # w = scale * q + offset (GGUF Q4_1: offset = m)
+            wq, sc, off = w4a8.pack(q, scale, offset)
+            m.register_buffer("w4_q", wq)
+            m.register_buffer("w4_scale", sc)
+            m.register_buffer("w4_offset", off)
+            m._q_for_dense = q
+            m._finish()
+            return m
         m.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), 1))
         sz = torch.stack([scale, zero], dim=-1).to(torch.bfloat16)  # [N, K/G, 2]
@@ -141,11 +178,12 @@ class PackedLinear(nn.Module):
         return m
 
     @classmethod
-    def from_float(cls, w: Tensor, fmt: str, group_size: int = 32, plan: KernelPlan | None = None) -> PackedLinear:
+    def from_float(cls, w: Tensor, fmt: str, group_size: int = 32, plan: KernelPlan | None = None,
+                   kernel: str = "torch") -> PackedLinear:
         if fmt == "int8":
             return cls.from_int8(*quantize_int8(w), plan=plan)
         if fmt == "int4":
-            return cls.from_int4(*quantize_int4(w, group_size), group_size=group_size, plan=plan)
+            return cls.from_int4(*quantize_int4(w, group_size), group_size=group_size, plan=plan, kernel=kernel)
         raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
 
     def _finish(self) -> None:
@@ -155,10 +193,12 @@ class PackedLinear(nn.Module):
 
     # --------------------------------------------------------------------------------------------- math
     def dequantize(self) -> Tensor:
-        """float32 [N, K]: the weight the packed kernel multiplies by (bfloat16 scales included). For int4
-        only while the unpacked values are at hand (at construction); the packed layout is the kernel's own."""
+        """float32 [N, K]: the weight the packed kernel multiplies by (its rounded scales included). For int4 on
+        torch's kernel only while the unpacked values are at hand (at construction): its layout is opaque."""
         if self.fmt == "int8":
             return self.qweight.float() * self.scales.float()[:, None]
+        if self.kernel == "w4a8":
+            return w4a8.dequantize(self.w4_q, self.w4_scale, self.w4_offset)
         q = getattr(self, "_q_for_dense", None)
         if q is None:
             raise RuntimeError("int4 weights can only be dequantized at construction (the packed layout is opaque)")
@@ -166,6 +206,8 @@ class PackedLinear(nn.Module):
         return dequantize_int4(q, sz[..., 0], sz[..., 1], self.group_size)
 
     def _packed(self, x2: Tensor) -> Tensor:
+        if self.kernel == "w4a8":
+            return w4a8.mm(x2, self.w4_q, self.w4_scale, self.w4_offset)
         xb = x2.to(torch.bfloat16)
         if self.fmt == "int8":
             return torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales)
@@ -187,7 +229,7 @@ class PackedLinear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        g = f", group_size={self.group_size}" if self.fmt == "int4" else ""
+        g = f", group_size={self.group_size}, kernel={self.kernel}" if self.fmt == "int4" else ""
         return f"{self.fmt}, in={self.in_features}, out={self.out_features}{g}"
 
 
