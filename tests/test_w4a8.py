@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eaglespec.runtime import quant, w4a8
+from eaglespec.runtime import cpu_kernels, quant, w4a8
 from eaglespec.runtime.quant import KernelPlan, PackedLinear
 
 needs_kernel = pytest.mark.skipif(not w4a8.available(), reason=f"w4a8 kernel unavailable: {w4a8.unavailable_reason()}")
@@ -97,7 +97,7 @@ def _from_float(w):
 
 
 def test_auto_falls_back_to_torch_and_an_explicit_w4a8_is_refused_with_the_reason(monkeypatch):
-    monkeypatch.setattr(w4a8, "_state", {"ok": False, "why": "this CPU lacks avx512_vnni"})
+    monkeypatch.setattr(cpu_kernels, "_state", {"ok": False, "why": "this CPU lacks avx512_vnni"})
     assert quant.resolve_int4_kernel("auto") == "torch"
     with pytest.raises(ValueError, match="avx512_vnni"):
         quant.resolve_int4_kernel("w4a8")
@@ -108,8 +108,8 @@ def test_auto_falls_back_to_torch_and_an_explicit_w4a8_is_refused_with_the_reaso
 
 
 def test_a_cpu_without_vnni_is_named(monkeypatch):
-    monkeypatch.setattr(w4a8, "_cpu_flags", lambda: {"avx512f", "avx512bw", "avx512vl", "f16c", "fma"})
-    ok, why = w4a8._build(None)
+    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: {"avx512f", "avx512bw", "avx512vl", "f16c", "fma"})
+    ok, why = cpu_kernels._build(None)
     assert not ok and "avx512_vnni" in why
 
 

@@ -80,7 +80,7 @@ def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, ca
         new_k.append(k)
         new_v.append(v)
         return attention(q, torch.cat([keys[i], k], dim=2), torch.cat([values[i], v], dim=2), mask,
-                         compute_dtype=model.attention_dtype)  # [B, T, Hq * D]
+                         compute_dtype=model.attention_dtype, exact_rows=model.row_attention)  # [B, T, Hq * D]
 
     x = model.embed_tokens(tokens)  # [B, T, H]
     states = [x]

@@ -430,6 +430,7 @@ def cached_attention(
     block_mask: Tensor | None = None,
     plan: AttentionPlan | None = None,
     compute_dtype: torch.dtype | None = None,
+    exact_rows: bool = False,
 ) -> Tensor:
     """Write the new ``k``/``v`` into ``cache`` layer ``layer`` and attend ``q`` over prefix + block.
 
@@ -439,6 +440,8 @@ def cached_attention(
         compute_dtype: run the attention itself in this dtype (the output is cast back to the cache's).
             float64 makes the result independent of how many queries share the call, of padding and of the
             tree layout (see ``Transformer.attention_dtype``).
+        exact_rows: run ``eaglespec::row_attention`` instead (float32, each query on its own: the same
+            independence without the float64 copies; ``Transformer.row_attention``).
     Returns:
         [B, T, H * D] attention output (heads concatenated, ready for the output projection).
     """
@@ -454,15 +457,21 @@ def cached_attention(
     else:
         keys = k_layer[plan.rows, :, : plan.n_slots]  # [B, Hkv, S, D] gathered copy
         values = v_layer[plan.rows, :, : plan.n_slots]
-    return attention(q, keys, values, plan.mask, plan.is_causal, compute_dtype)
+    return attention(q, keys, values, plan.mask, plan.is_causal, compute_dtype, exact_rows)
 
 
 def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_causal: bool = False,
-              compute_dtype: torch.dtype | None = None) -> Tensor:
+              compute_dtype: torch.dtype | None = None, exact_rows: bool = False) -> Tensor:
     """The attention kernel call: q [B, T, H, D] over keys, values [B, Hkv, S, D] (grouped heads), mask bool
-    [B or 1, 1, T, S] (True = may attend) or None; computed in ``compute_dtype`` (see ``cached_attention``) and
-    returned as [B, T, H * D] in the keys' dtype."""
+    [B or 1, 1, T, S] (True = may attend) or None; computed in ``compute_dtype``, or by the row-independent
+    float32 kernel with ``exact_rows`` (see ``cached_attention``), and returned as [B, T, H * D] in the keys'
+    dtype."""
     batch, n_new, n_heads, head_dim = q.shape
+    if exact_rows and q.dtype == keys.dtype == torch.float32 and q.device.type == "cpu":
+        if is_causal:  # top-left aligned, as scaled_dot_product_attention reads it
+            mask = torch.ones(n_new, keys.shape[2], dtype=torch.bool, device=q.device).tril()[None, None]
+        out = torch.ops.eaglespec.row_attention(q.transpose(1, 2), keys, values, mask)  # [B, T, H, D]
+        return out.reshape(batch, n_new, n_heads * head_dim)
     out_dtype = keys.dtype
     if compute_dtype is not None and compute_dtype != q.dtype:
         q, keys, values = q.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype)
@@ -625,6 +634,10 @@ class Transformer(nn.Module):
         # by one, vs 3 of 30 in float32), for +3% of a decode step and +17% of a 16-token verification after
         # 256 tokens (the float64 copy of the cached keys and values grows with the context).
         self.attention_dtype: torch.dtype | None = None
+        # Decode and verification forwards attend with eaglespec::row_attention instead (float32, each query
+        # computed on its own in a fixed order: the same independence without float64 copies; set by
+        # runtime.pack.pack_model where runtime.cpu_kernels are available). Prompt forwards keep the above.
+        self.row_attention = False
         # Decode and verification forwards as one compiled graph (runtime.compiled.compile_step), or None.
         self.step_graph: Any = None
         self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
@@ -789,8 +802,11 @@ class Transformer(nn.Module):
         wanted = set(hidden_indices)
         saved: dict[int, Tensor] = {0: x} if 0 in wanted else {}
 
+        exact_rows = self.row_attention and not prefill
+
         def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
-            return cached_attention(q, k, v, cache, i, plan=plan, compute_dtype=self.attention_dtype)
+            return cached_attention(q, k, v, cache, i, plan=plan, compute_dtype=self.attention_dtype,
+                                    exact_rows=exact_rows)
 
         for i, layer in enumerate(self.layers):
             x = decoder_layer(layer, i, x, rope, attend, prefill=prefill)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.gguf_blocks import QuantTensor, read_quant_tensors, unpermute_rows
 from eaglespec.runtime.quant import FORMATS, KernelPlan, PackedLinear, resolve_int4_kernel
 
@@ -78,6 +79,7 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     model.lm_head_packed = PackedLinear.from_float(model.lm_head_weight.data, fmt,
                                                    plan=_always_packed(fmt, "lm_head"), kernel=kernel)
     model.attention_dtype = torch.float64  # see Transformer.attention_dtype
+    model.row_attention = cpu_kernels.available()  # decode / verify: float32, row-independent (row_attention.cpp)
     model.precision = fmt
     model.int4_kernel = kernel if fmt == "int4" else None
     return counts

@@ -1,0 +1,113 @@
+"""Our C++ CPU kernels (``kernels/*.cpp``, registered as ``torch.ops.eaglespec.*``): built on first use, cached.
+
+Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
+result for a query does not depend on the other queries in the call). They need AVX-512 with VNNI on x86-64
+Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles both into one library under
+the cache directory the first time (~20 s), and later processes load it (a changed source, flag or torch
+version builds a new one). Where they cannot run, ``available()`` is False and ``unavailable_reason()`` says
+why; callers then keep torch's kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["SOURCES", "available", "unavailable_reason"]
+
+logger = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name("kernels") / name for name in ("w4a8.cpp", "row_attention.cpp")]
+_REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "ok": bool, "why": str
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _put_ninja_on_path() -> None:
+    """torch's extension builder runs ``ninja`` from PATH; the ``ninja`` package's binary is not on it when the
+    virtual environment is not activated (``.venv/bin/eaglespec``)."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    bin_dir = getattr(ninja, "BIN_DIR", None)
+    if bin_dir and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+def _build(cache_dir: Path | None) -> tuple[bool, str]:
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False, f"needs x86-64 Linux (this is {sys.platform} {platform.machine()})"
+    missing = [f for f in _REQUIRED_FLAGS if f not in _cpu_flags()]
+    if missing:
+        return False, f"this CPU lacks {', '.join(missing)}"
+    if cache_dir is None:
+        from eaglespec.runtime.cachedir import cache_root
+
+        cache_dir = cache_root()
+    digest = hashlib.sha256(" ".join(_FLAGS).encode() + torch.__version__.encode())
+    for src in SOURCES:
+        digest.update(src.read_bytes())
+    name = f"eaglespec_kernels_{digest.hexdigest()[:12]}"
+    build_dir = Path(cache_dir) / "kernels" / name
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        build_dir.mkdir(parents=True, exist_ok=True)
+        load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
+             build_directory=str(build_dir), is_python_module=False, verbose=False)
+    except Exception as e:  # no compiler, no ninja, a compiler that rejects the flags: torch's kernels instead
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return False, f"building the CPU kernels failed ({first[:200]}); see docs/RUNTIME.md"
+    return True, f"built in {build_dir}"
+
+
+def _register_fakes() -> None:
+    """Output shapes for torch.compile (the compiled step calls the ops as external kernels)."""
+    def register(name, fn):
+        try:
+            torch.library.register_fake(f"eaglespec::{name}")(fn)
+        except RuntimeError:  # registered already in this process
+            pass
+
+    register("w4a8_mm", lambda x, wq, scale, offset: x.new_empty((x.shape[0], wq.shape[0] * 16)))
+    register("row_attention", lambda q, keys, values, mask: q.new_empty(
+        (q.shape[0], q.shape[2], q.shape[1], q.shape[3])))
+
+
+def available(cache_dir: str | Path | None = None) -> bool:
+    """Whether the kernels run here (built or loaded on the first call; later calls are free)."""
+    with _lock:
+        if "ok" not in _state:
+            ok, why = _build(Path(cache_dir) if cache_dir is not None else None)
+            _state.update(ok=ok, why=why)
+            if ok:
+                _register_fakes()
+            else:
+                logger.warning("eaglespec CPU kernels unavailable: %s; torch's kernels are used instead", why)
+        return bool(_state["ok"])
+
+
+def unavailable_reason() -> str:
+    """Why ``available()`` said no ("" when it said yes or was not asked yet)."""
+    return "" if _state.get("ok", True) else str(_state["why"])

@@ -1,0 +1,68 @@
+"""The row-independent attention kernel (kernels/row_attention.cpp) against float64 attention, and the
+property it exists for: a query's output does not depend on the other queries or on slots it cannot see."""
+
+import pytest
+import torch
+
+from eaglespec.runtime import cpu_kernels
+from eaglespec.runtime.model import attention
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
+                                reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def _case(batch, n_new, prefix, seed, heads=9, kv_heads=3, dim=64):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, n_new, heads, dim, generator=g)
+    k = torch.randn(batch, kv_heads, prefix + n_new, dim, generator=g) * 2
+    v = torch.randn(batch, kv_heads, prefix + n_new, dim, generator=g)
+    return q, k, v
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_it_matches_float64_attention(with_mask):
+    q, k, v = _case(2, 5, 37, seed=0)
+    mask = None
+    if with_mask:
+        mask = torch.rand(2, 1, 5, 42, generator=torch.Generator().manual_seed(1)) > 0.4
+        mask[..., 0] = True
+    ref = attention(q, k, v, mask, compute_dtype=torch.float64)
+    got = attention(q, k, v, mask, exact_rows=True)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_is_top_left_aligned_like_sdpa():
+    q, k, v = _case(1, 6, 0, seed=2)
+    torch.testing.assert_close(attention(q, k, v, None, is_causal=True, exact_rows=True),
+                               attention(q, k, v, None, is_causal=True, compute_dtype=torch.float64),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_verified_tree_token_equals_the_same_token_decoded_alone():
+    """Tree of 6 tokens over a 50-token prefix: token i sees the prefix, its ancestors and itself. Decoded
+    alone, it sees exactly those slots in a cache that ends at it (no masked slots after it): bit-identical."""
+    prefix, parents = 50, [-1, 0, 0, 1, 2, 3]
+    q, k, v = _case(1, len(parents), prefix, seed=3)
+    n = len(parents)
+    block = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            block[i, j] = True
+            j = parents[j]
+    mask = torch.cat([torch.ones(n, prefix, dtype=torch.bool), block], dim=1)[None, None]
+    together = attention(q, k, v, mask, exact_rows=True)
+    for i in range(n):
+        seen = torch.cat([torch.arange(prefix), prefix + block[i].nonzero()[:, 0]])  # the slots token i sees
+        alone = attention(q[:, i : i + 1], k[:, :, seen], v[:, :, seen], None, exact_rows=True)
+        assert torch.equal(alone, together[:, i : i + 1]), i
+
+
+def test_rows_of_a_batch_and_views_of_a_cache_read_in_place():
+    q, k, v = _case(3, 2, 20, seed=4)
+    cache_k = torch.zeros(5, 3, 40, 64)
+    cache_v = torch.zeros(5, 3, 40, 64)
+    cache_k[1:4, :, :22], cache_v[1:4, :, :22] = k, v
+    got = attention(q, cache_k[1:4, :, :22], cache_v[1:4, :, :22], None, exact_rows=True)  # strided views
+    assert torch.equal(got, attention(q, k, v, None, exact_rows=True))
+    assert torch.equal(got[1:2], attention(q[1:2], k[1:2], v[1:2], None, exact_rows=True))
