@@ -45,11 +45,12 @@ __all__ = ["CompiledStep", "compile_step"]
 
 log = logging.getLogger(__name__)
 
-CHECK_RTOL = 0.05
+CHECK_RTOL = 0.15
 """First-call check: the compiled hidden states and logits must equal the eager ones within this relative L2
-error per row. Not tighter: the packed kernels round their inputs to bfloat16, so a last-bit difference of a
-fused float32 norm flips some roundings and grows through the layers (measured on the default model: up to
-0.23 absolute in a final hidden state, relative error ~1e-2); a miscompiled graph is off by ~1."""
+error per row. Not tighter: the packed kernels round their inputs (to bfloat16 in torch's int4 kernel, to
+int8 blocks in w4a8), so a last-bit difference of a fused float32 norm flips some roundings and grows
+through the layers (measured on the default model: relative error ~1e-2 with torch's int4 kernel, 0.0502
+with w4a8 on an MT-bench prompt's first decode step); a miscompiled graph is off by ~1."""
 
 
 def _step_graph(model: Transformer, tokens: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor,
