@@ -88,63 +88,85 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
   const int64_t vs0 = values.stride(0), vs1 = values.stride(1), vs2 = values.stride(2);
   const int64_t group = h / hkv, nv = d / 16;
+  TORCH_CHECK(group <= 16, "row_attention: at most 16 query heads per KV head");
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t s_pad = (s + 15) / 16 * 16;
 
-  at::parallel_for(0, b * h * t, 4, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(s_pad);       // scores, then probabilities, of the visible slots in slot order
-    std::vector<int64_t> seen(s_pad);  // which slots those are
+  // One job = one query token of one batch row against one KV head: its query heads (the group) share the
+  // visible slots and read each key and value row once for all of them. Per (query head) the arithmetic is
+  // the same as if it ran alone.
+  at::parallel_for(0, b * hkv * t, 2, [&](int64_t i0, int64_t i1) {
+    std::vector<float> p(group * s_pad);  // per query head: scores, then probabilities, of the visible slots
+    std::vector<int64_t> seen(s_pad);     // which slots those are, in slot order
+    std::vector<__m512> qv(group * nv), o(group * nv);
+    std::vector<float> best(group);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t bi = i / (h * t), hi = (i / t) % h, ti = i % t, kvh = hi / group;
-      const float* qrow = qp + ((bi * h + hi) * t + ti) * d;
+      const int64_t bi = i / (hkv * t), kvh = (i / t) % hkv, ti = i % t;
       const float* kb = kp + bi * ks0 + kvh * ks1;
       const float* vb = vp + bi * vs0 + kvh * vs1;
       const bool* mrow = mp ? mp + bi * m_b + ti * m_t : nullptr;
-      __m512 qv[32];
-      for (int64_t c = 0; c < nv; ++c) qv[c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + 16 * c), _mm512_set1_ps(scale));
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qrow = qp + ((bi * h + kvh * group + g) * t + ti) * d;
+        for (int64_t c = 0; c < nv; ++c)
+          qv[g * nv + c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + 16 * c), _mm512_set1_ps(scale));
+      }
       // Only the visible slots, compacted: every sum below then runs over the same sequence of numbers
       // whether a token is verified at slot 52 of a tree with a gap before it or decoded at slot 51.
       int64_t n = 0;
       for (int64_t j = 0; j < s; ++j)
         if (mrow == nullptr || mrow[j]) seen[n++] = j;
-      __m512 best_v = _mm512_set1_ps(-INFINITY);
+      for (int64_t g = 0; g < group; ++g) best[g] = -INFINITY;
       for (int64_t j = 0; j < n; j += 16) {
         const int64_t m = std::min<int64_t>(16, n - j);
-        __m512 acc[16];
-        for (int64_t l = 0; l < 16; ++l) {
-          if (l >= m) { acc[l] = _mm512_setzero_ps(); continue; }
-          const float* kr = kb + seen[j + l] * ks2;
-          acc[l] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-          for (int64_t c = 1; c < nv; ++c) acc[l] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc[l]);
-        }
         const __mmask16 on = m == 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1);
-        const __m512 sc = sum16(acc);
-        _mm512_mask_storeu_ps(&p[j], on, sc);
-        best_v = _mm512_mask_max_ps(best_v, on, best_v, sc);
+        for (int64_t g = 0; g < group; ++g) {
+          const __m512* qg = &qv[g * nv];
+          __m512 acc[16];
+          for (int64_t l = 0; l < 16; ++l) {
+            if (l >= m) { acc[l] = _mm512_setzero_ps(); continue; }
+            const float* kr = kb + seen[j + l] * ks2;  // the block's 16 key rows stay in L1 across the group
+            acc[l] = _mm512_mul_ps(qg[0], _mm512_loadu_ps(kr));
+            for (int64_t c = 1; c < nv; ++c) acc[l] = _mm512_fmadd_ps(qg[c], _mm512_loadu_ps(kr + 16 * c), acc[l]);
+          }
+          const __m512 sc = sum16(acc);
+          _mm512_mask_storeu_ps(&p[g * s_pad + j], on, sc);
+          best[g] = std::max(best[g], _mm512_mask_reduce_max_ps(on, sc));
+        }
       }
-      const float best = _mm512_reduce_max_ps(best_v);
-      float* orow = op + ((bi * t + ti) * h + hi) * d;
       if (n == 0) {  // nothing visible: zeros (never happens for a token, which sees itself)
-        for (int64_t c = 0; c < d; ++c) orow[c] = 0.0f;
+        for (int64_t g = 0; g < group; ++g) {
+          float* orow = op + ((bi * t + ti) * h + kvh * group + g) * d;
+          for (int64_t c = 0; c < d; ++c) orow[c] = 0.0f;
+        }
         continue;
       }
-      __m512 total = _mm512_setzero_ps();
-      for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 on = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-        const __m512 x = _mm512_maskz_loadu_ps(on, &p[j]);
-        const __m512 e = _mm512_maskz_mov_ps(on, exp_nonpositive(_mm512_sub_ps(x, _mm512_set1_ps(best))));
-        _mm512_mask_storeu_ps(&p[j], on, e);
-        total = _mm512_add_ps(total, e);
+      std::vector<float> inv(group);
+      for (int64_t g = 0; g < group; ++g) {
+        float* pg = &p[g * s_pad];
+        __m512 total = _mm512_setzero_ps();
+        for (int64_t j = 0; j < n; j += 16) {
+          const __mmask16 on = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+          const __m512 x = _mm512_maskz_loadu_ps(on, pg + j);
+          const __m512 e = _mm512_maskz_mov_ps(on, exp_nonpositive(_mm512_sub_ps(x, _mm512_set1_ps(best[g]))));
+          _mm512_mask_storeu_ps(pg + j, on, e);
+          total = _mm512_add_ps(total, e);
+        }
+        inv[g] = 1.0f / _mm512_reduce_add_ps(total);
       }
-      const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-      __m512 o[32];
-      for (int64_t c = 0; c < nv; ++c) o[c] = _mm512_setzero_ps();
+      for (int64_t k = 0; k < group * nv; ++k) o[k] = _mm512_setzero_ps();
       for (int64_t j = 0; j < n; ++j) {
-        const __m512 pj = _mm512_set1_ps(p[j]);
         const float* vr = vb + seen[j] * vs2;
-        for (int64_t c = 0; c < nv; ++c) o[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16 * c), o[c]);
+        for (int64_t c = 0; c < nv; ++c) {
+          const __m512 vc = _mm512_loadu_ps(vr + 16 * c);  // each value row read once for the group
+          for (int64_t g = 0; g < group; ++g)
+            o[g * nv + c] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * s_pad + j]), vc, o[g * nv + c]);
+        }
       }
-      for (int64_t c = 0; c < nv; ++c) _mm512_storeu_ps(orow + 16 * c, _mm512_mul_ps(o[c], inv));
+      for (int64_t g = 0; g < group; ++g) {
+        float* orow = op + ((bi * t + ti) * h + kvh * group + g) * d;
+        for (int64_t c = 0; c < nv; ++c)
+          _mm512_storeu_ps(orow + 16 * c, _mm512_mul_ps(o[g * nv + c], _mm512_set1_ps(inv[g])));
+      }
     }
   });
   return out;
