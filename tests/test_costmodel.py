@@ -189,6 +189,12 @@ def test_the_head_is_calibrated_as_it_runs():
     assert head_precision(head) == "float32"
     pack_linears(head, "int8")
     assert head_precision(head) == "int8"
+    from eaglespec.runtime import cpu_kernels
+
+    if cpu_kernels.available():
+        other = make_head(target, "eagle3")
+        pack_linears(other, "int4", kernel="w4a8")
+        assert head_precision(other) == "int4/w4a8"
 
 
 def _greedy_runs(target, proposer, prompts, n=32):

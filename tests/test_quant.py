@@ -328,14 +328,18 @@ def test_float64_attention_of_a_tree_node_is_bit_identical_to_decoding_its_path(
         assert torch.equal(one[0, 0], block[0, i]), f"node {i} (path {path})"
 
 
-def test_int8_draft_head_next_to_a_packed_target_stays_lossless(packed_tiny):
-    """pack_linears turns every projection of a draft head into int8 (what build_proposer does next to a packed
-    target); its drafts move a little, the verified output does not."""
+@pytest.mark.parametrize("fmt,kernel", [("int8", "torch"), ("int4", "w4a8")])
+def test_packed_draft_head_next_to_a_packed_target_stays_lossless(packed_tiny, fmt, kernel):
+    """pack_linears turns every projection of a draft head into int8, or int4 in our kernel (what
+    build_proposer does next to a packed target); its drafts move a little, the verified output does not."""
     from eaglespec.runtime.pack import pack_linears
 
+    if kernel == "w4a8" and not w4a8.available():
+        pytest.skip(f"w4a8 kernel unavailable: {w4a8.unavailable_reason()}")
     head = make_head(packed_tiny, "eagle3")
     float_modules = sum(isinstance(m, torch.nn.Linear) for m in head.modules())
-    assert pack_linears(head, "int8") == float_modules > 0
+    assert pack_linears(head, fmt, kernel=kernel) == float_modules > 0
+    assert {m.kernel for m in head.modules() if isinstance(m, PackedLinear)} == {kernel}
     assert not any(isinstance(m, torch.nn.Linear) for m in head.modules())
     assert head.dtype == torch.float32
     reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(24, ignore_eos=True)) for p in PROMPTS]

@@ -310,11 +310,12 @@ def calibration_candidates(opts) -> list:
 
 
 def head_precision(head) -> str:
-    """How the head's weights run ("int8" once packed next to a packed target, else its dtype): part of the
+    """How the head's weights run ("int4/w4a8" or "int8" once packed next to a packed target, else its dtype): part of the
     calibration key, since a float32 head drafts 2-3x slower than the same head in int8."""
     from eaglespec.runtime.quant import PackedLinear
 
-    packed = sorted({m.fmt for m in head.modules() if isinstance(m, PackedLinear)})
+    packed = sorted({m.fmt + ("/w4a8" if m.kernel == "w4a8" else "") for m in head.modules()
+                     if isinstance(m, PackedLinear)})
     return "+".join(packed) if packed else str(getattr(head, "dtype", "?")).removeprefix("torch.")
 
 

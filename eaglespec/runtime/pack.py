@@ -85,9 +85,10 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     return counts
 
 
-def pack_linears(module: torch.nn.Module, fmt: str = "int8") -> int:
+def pack_linears(module: torch.nn.Module, fmt: str = "int8", kernel: str = "torch") -> int:
     """Replace every ``nn.Linear`` inside ``module`` (in place) by a packed one quantized from its float weight
-    (bias kept); returns how many were replaced. Used for draft heads next to a packed target: a draft's weights
+    (bias kept); returns how many were replaced; ``kernel``: the int4 kernel (``quant.INT4_KERNELS``). Used for
+    draft heads next to a packed target: a draft's weights
     only decide what is proposed, never what is accepted, so its precision costs acceptance at most, not
     correctness (the verification is exact either way)."""
     if fmt not in FORMATS:
@@ -102,11 +103,11 @@ def pack_linears(module: torch.nn.Module, fmt: str = "int8") -> int:
             if child.weight.dtype != torch.float32 or child.weight.device.type != "cpu":
                 raise ValueError(f"packing {name}: needs a float32 CPU weight (got {child.weight.dtype} on "
                                  f"{child.weight.device})")
-            packed = PackedLinear.from_float(child.weight.detach(), fmt, plan=plan)
+            packed = PackedLinear.from_float(child.weight.detach(), fmt, plan=plan, kernel=kernel)
             if child.bias is not None:
                 packed.bias = child.bias.detach().clone()
             setattr(module, name, packed)
             count += 1
         else:
-            count += pack_linears(child, fmt)
+            count += pack_linears(child, fmt, kernel)
     return count
