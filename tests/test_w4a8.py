@@ -141,3 +141,13 @@ def test_a_real_q4_1_tensor_is_held_exactly_and_multiplied_within_tolerance():
     x = torch.randn(5, exact.shape[1], generator=torch.Generator().manual_seed(0))
     ref = F.linear(x, exact)
     assert (layer(x) - ref).norm() <= 0.02 * ref.norm()
+
+
+def test_load_target_refuses_an_int4_kernel_that_cannot_run_before_loading(monkeypatch):
+    from eaglespec.runtime.loading import ModelLoadError, load_target
+
+    monkeypatch.setattr(cpu_kernels, "_state", {"ok": False, "why": "this CPU lacks avx512_vnni"})
+    with pytest.raises(ModelLoadError, match="w4a8 int4 kernel cannot run here: this CPU lacks avx512_vnni"):
+        load_target("/nonexistent/model.gguf", "int4", int4_kernel="w4a8")
+    with pytest.raises(ModelLoadError, match="unknown int4 kernel"):
+        load_target("/nonexistent/model.gguf", "int4", int4_kernel="int3")

@@ -459,7 +459,13 @@ def load_target(
     `int4_kernel`: the kernel of packed int4 weights (runtime.quant.INT4_KERNELS)."""
     from eaglespec.runtime.model import ModelArgs, Transformer
 
+    from eaglespec.runtime.quant import resolve_int4_kernel
+
     auto = isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE
+    try:
+        resolve_int4_kernel(int4_kernel)  # refuse an unknown kernel, or w4a8 where it cannot run, before loading
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     if not auto:
         packed, torch_dtype = _packed_or_dtype(dtype, device)  # refuse a bad dtype before touching the model
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)

@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eaglespec.runtime import w4a8
+
 __all__ = ["FORMATS", "INT4_KERNELS", "KernelPlan", "PackedLinear", "calibrate_kernels", "default_plan", "linear",
            "dequantize_int4", "quantize_int4", "quantize_int8", "resolve_int4_kernel"]
-
-from eaglespec.runtime import w4a8
 
 FORMATS = ("int8", "int4")
 INT4_KERNELS = ("auto", "w4a8", "torch")
