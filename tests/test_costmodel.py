@@ -557,3 +557,24 @@ def test_calibration_measures_the_paused_step_with_its_catch_ups(monkeypatch):
     assert set(got) == {1, 2, 4}
     table = cal._from_json(cal._to_json(CostTable({(1, 1): 0.01}, {}, paused=got)))
     assert table.paused == pytest.approx(got)
+
+
+def test_a_longer_chain_is_never_calibrated_cheaper_than_a_shorter_one(monkeypatch):
+    """Noise once read a chain of 2 cheaper than a chain of 1 (2.55 vs 2.86 ms) and the dispatcher preferred it."""
+    from types import SimpleNamespace
+
+    from eaglespec.engine import calibrate as cal
+
+    per_step = {1: 0.003, 2: 0.0025, 3: 0.004}  # seconds of drafting a step: the chain of 2 read low
+
+    def steps(target, proposer, batch, n, prompt):
+        stats = SimpleNamespace(target_forwards=n - 1, draft_s=per_step[proposer.depth] * (n - 1))
+        return [0.01] * n, stats
+
+    monkeypatch.setattr(cal, "_step_times", steps)
+    target = SimpleNamespace(model=SimpleNamespace(device=None))
+    trees = {f"chain{k}": Chain(k) for k in (3, 1, 2)}
+    got = cal.measure_draft(target, lambda tree: tree, trees, (1,))
+    assert got[(1, "chain1")] == pytest.approx(0.003)
+    assert got[(1, "chain2")] == pytest.approx(0.003)  # raised to the chain of 1's
+    assert got[(1, "chain3")] == pytest.approx(0.004)
