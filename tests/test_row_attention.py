@@ -6,6 +6,7 @@ import torch
 
 from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.model import attention
+from eaglespec.spec.tree import tree_mask
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
                                 reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
@@ -44,12 +45,7 @@ def test_a_verified_tree_token_equals_the_same_token_decoded_alone():
     prefix, parents = 50, [-1, 0, 0, 1, 2, 3]
     q, k, v = _case(1, len(parents), prefix, seed=3)
     n = len(parents)
-    block = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            block[i, j] = True
-            j = parents[j]
+    block = tree_mask(torch.tensor([parents]), torch.ones(1, n, dtype=torch.bool))[0]  # [N, N] ancestor-or-self
     mask = torch.cat([torch.ones(n, prefix, dtype=torch.bool), block], dim=1)[None, None]
     together = attention(q, k, v, mask, exact_rows=True)
     for i in range(n):

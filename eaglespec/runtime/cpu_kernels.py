@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SOURCES", "available", "unavailable_reason"]
+__all__ = ["SOURCES", "available", "cpuinfo", "unavailable_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,14 +32,19 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "why": str
 
 
-def _cpu_flags() -> set[str]:
+def cpuinfo(field: str) -> str | None:
+    """The first ``field`` line of /proc/cpuinfo ("model name", "flags"), or None (no such file or line)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def _cpu_flags() -> set[str]:
+    return set((cpuinfo("flags") or "").split())
 
 
 def _put_ninja_on_path() -> None:

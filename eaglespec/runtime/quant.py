@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eaglespec.runtime import w4a8
+from eaglespec.runtime import cpu_kernels, w4a8
 
 __all__ = ["FORMATS", "INT4_KERNELS", "KernelPlan", "PackedLinear", "calibrate_kernels", "default_plan", "linear",
            "dequantize_int4", "quantize_int4", "quantize_int8", "resolve_int4_kernel"]
@@ -243,14 +243,7 @@ def linear(x: Tensor, weight: Tensor | PackedLinear, bias: Tensor | None = None,
 
 # ============================================================================================ calibration
 def machine_fingerprint(threads: int | None = None) -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_kernels.cpuinfo("model name") or platform.processor() or "cpu"
     threads = threads or torch.get_num_threads()
     return f"{cpu} | {os.cpu_count()} cpus | {threads} threads | torch {torch.__version__}"
 

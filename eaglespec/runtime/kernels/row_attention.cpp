@@ -99,7 +99,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
     std::vector<float> p(group * s_pad);  // per query head: scores, then probabilities, of the visible slots
     std::vector<int64_t> seen(s_pad);     // which slots those are, in slot order
     std::vector<__m512> qv(group * nv), o(group * nv);
-    std::vector<float> best(group);
+    std::vector<float> best(group), inv(group);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t bi = i / (hkv * t), kvh = (i / t) % hkv, ti = i % t;
       const float* kb = kp + bi * ks0 + kvh * ks1;
@@ -140,7 +140,6 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
         }
         continue;
       }
-      std::vector<float> inv(group);
       for (int64_t g = 0; g < group; ++g) {
         float* pg = &p[g * s_pad];
         __m512 total = _mm512_setzero_ps();
