@@ -42,3 +42,13 @@ def test_perplexity_text_needs_a_question():
     assert _ppl_text({"question": "q", "answer": "a"}, "f") == "q\na"
     with pytest.raises(ValueError, match="no question"):
         _ppl_text({"text": "x"}, "f.jsonl")
+
+
+def test_a_kernel_suffix_on_anything_but_int4_is_refused_before_loading():
+    from types import SimpleNamespace
+
+    from eaglespec.measure.fidelity import run
+
+    args = SimpleNamespace(dtypes="float32,bfloat16:w4a8", max_new_tokens=8, limit=1, ppl_limit=1, ppl_max_len=16)
+    with pytest.raises(ValueError, match="bfloat16:w4a8: only int4 takes a kernel"):
+        run(args)

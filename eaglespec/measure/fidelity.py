@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> list[Fidelity]:
     if not dtypes:
         raise ValueError("--dtypes is empty")
     dtypes = [REFERENCE] + [d for d in dtypes if d not in (REFERENCE, "fp32")]
+    bad = [d for d in dtypes if ":" in d and d.partition(":")[0] != "int4"]
+    if bad:
+        raise ValueError(f"--dtypes {', '.join(bad)}: only int4 takes a kernel (int4:torch, int4:w4a8)")
     if args.max_new_tokens < 1 or args.limit < 1 or args.ppl_limit < 1 or args.ppl_max_len < 2:
         raise ValueError("--max-new-tokens, --limit and --ppl-limit must be >= 1 and --ppl-max-len >= 2")
     questions = load_questions(args.dataset, args.limit)
