@@ -555,6 +555,11 @@ def test_calibration_measures_the_paused_step_with_its_catch_ups(monkeypatch):
     got = cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=8), batches=(1, 2, 4))
     assert got[1] == pytest.approx(0.001 + 2 * 0.040 / 16)
     assert set(got) == {1, 2, 4}
+    asked = []
+    monkeypatch.setattr(cal, "_step_times", lambda t, p, b, n, prompt: asked.append(n) or steps(t, p, b, n, prompt))
+    cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=8), batches=(1,), reps=1)
+    cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=256), batches=(1,), reps=1)
+    assert asked == [36, 36, cal.PAUSED_STEPS + 4, cal.PAUSED_STEPS + 4]  # 2 x max(buffer, 16), a request at most
     table = cal._from_json(cal._to_json(CostTable({(1, 1): 0.01}, {}, paused=got)))
     assert table.paused == pytest.approx(got)
 

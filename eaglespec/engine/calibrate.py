@@ -40,11 +40,13 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # 2: differential draft costs, engine overhead per step; 3: int4 models rank logits in int4; 4: engine overhead
 # from the fastest of 3 runs; 5: overhead from the median decode step, a tree's cost at least its median step
 # less forward and overhead, cheap forwards timed up to 7 times, the paused step's cost; 6: a longer chain's
-# drafting never reads cheaper than a shorter chain's
-CALIBRATION_VERSION = 6
+# drafting never reads cheaper than a shorter chain's; 7: the paused step over at most 132 steps (a buffer of
+# 256 pairs: the catch-up is paid when drafting resumes, not while paused)
+CALIBRATION_VERSION = 7
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
+PAUSED_STEPS = 128  # a paused stretch as long as a typical request's generation
 
 
 def _fingerprint() -> str:
@@ -222,8 +224,10 @@ def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: S
 def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, reps: int = 3) -> dict[int, float]:
     """Seconds a paused step costs beyond a plain step at each batch size: engine runs with the head held paused
     (``none`` every step: each step records its pair, the draft cache catches up when the buffer fills) against
-    plain runs of as many steps, each step timed on its own; the difference of the median steps plus the
-    catch-up steps' excess over the median, spread over all steps; the median over ``reps`` pairs of runs (the
+    plain runs of as many steps (twice the buffer, at most ``PAUSED_STEPS``: a request paused for longer than
+    the buffer pays a catch-up, a shorter one none), each step timed on its own; the difference of the median
+    steps plus the catch-up steps' excess over the median, spread over all steps; the median over ``reps``
+    pairs of runs (the
     smallest of 2 read 0.0-0.24 ms at batch 1 in four calibrations of one quiet 2-core EPYC: a minimum of
     noisy differences is biased low)."""
     from eaglespec.spec.strategies import NoDraft
@@ -236,7 +240,7 @@ def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, 
         diffs = []
         for _ in range(reps):
             proposer = make_proposer(NoDraft())
-            steps = 2 * max(int(getattr(proposer, "max_lag", 0)), 16) + 4
+            steps = min(2 * max(int(getattr(proposer, "max_lag", 0)), 16), PAUSED_STEPS) + 4
             paused, _ = _step_times(target, proposer, b, steps, prompt)
             plain, _ = _step_times(target, None, b, steps, prompt)
             mid = statistics.median(paused)

@@ -58,7 +58,7 @@ class EagleProposer:
     root features, children (top-k or sampled) and the draft forwards of expanded nodes."""
 
     def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeStrategy, alignment: Alignment = "stable",
-                 draft_temperature: float = 0.0, seed: int | None = None, max_lag: int = 64):
+                 draft_temperature: float = 0.0, seed: int | None = None, max_lag: int = 256):
         """draft_temperature: 0 = children are the draft's top-k tokens (valid at any target temperature);
         > 0 = children are SAMPLED without replacement from softmax(draft logits / draft_temperature) and
         verified with the sampled-children rule (chain and static trees only: a dynamic tree's rerank may

@@ -49,9 +49,11 @@ class DraftOptions:
     """tree "auto": pick the tree per step from this machine's measured costs and live acceptance
     (dispatch.AdaptiveDispatcher; calibration cached per machine, model, precision and head); False = the
     static table by batch size (strategies.DEFAULT_TREE_TABLE)."""
-    max_lag: int = 64
+    max_lag: int = 256
     """Paused (no-draft) steps whose draft pairs are recorded before the draft cache catches up in one forward
-    (proposer.EagleProposer); 0 = encode each at its step (what a paused step cost before; bench `lag=0`)."""
+    (proposer.EagleProposer); 0 = encode each at its step (what a paused step cost before; bench `lag=0`).
+    Longer than most requests' paused stretches, so that a request which stays paused to its end never pays
+    for encoding pairs the head will not draft from (docs/DISPATCH.md)."""
 
     def dispatcher(self) -> TreeDispatcher:
         """The tree strategy per batch size these options ask for (validated: options that do not apply to the
