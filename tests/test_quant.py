@@ -189,11 +189,46 @@ def test_kernel_calibration_is_cached_per_machine_and_shape(tmp_path, monkeypatc
     def no_timing(*a, **k):
         raise AssertionError("a cached plan must not be measured again")
 
-    monkeypatch.setattr(quant, "_time", no_timing)
+    monkeypatch.setattr(quant, "_prompt_times", no_timing)
     again = calibrate_kernels((64, 64), buckets=(1, 8), cache_dir=tmp_path)
     assert again.choice == plan.choice
     with pytest.raises(AssertionError, match="measured again"):
         calibrate_kernels((64, 128), buckets=(1, 8), cache_dir=tmp_path)  # another shape is measured
+    with pytest.raises(AssertionError, match="measured again"):  # another dense dtype: other timings
+        calibrate_kernels((64, 64), buckets=(1, 8), cache_dir=tmp_path, dense_dtype=torch.bfloat16)
+    if w4a8.available():  # another int4 kernel: other timings
+        with pytest.raises(AssertionError, match="measured again"):
+            calibrate_kernels((64, 64), buckets=(1, 8), cache_dir=tmp_path, kernel="w4a8")
+
+
+def _fake_timings(monkeypatch, dense_seconds: dict[int, float]):
+    """Packed takes 1 s at every row count, dense ``dense_seconds[rows]``."""
+    monkeypatch.setattr(quant, "_prompt_times", lambda layer, dense, x, reps: (1.0, dense_seconds[x.shape[0]]))
+
+
+def test_a_dense_copy_is_kept_only_where_it_wins_clearly(tmp_path, monkeypatch):
+    """A dense copy costs memory: 5% faster is within noise and stays packed, 20% faster goes dense."""
+    _fake_timings(monkeypatch, {4: 0.95, 16: 0.80, 64: 1.5})
+    plan = calibrate_kernels((48, 64), formats=("int8",), buckets=(4, 16, 64), cache_dir=tmp_path)
+    assert plan.choice["int8"] == [(4, "packed"), (16, "dense"), (1 << 30, "packed")]
+    assert plan.needs_dense("int8")
+
+
+def test_pack_model_measures_its_prompt_kernels_per_weight_shape(tmp_path, monkeypatch):
+    """With a kernel cache every projection gets the plan measured for its shape; where packed wins everywhere
+    no dense float32 copy is kept (the default plan keeps one for prompts of more than 16 rows)."""
+    target, _ = tiny_target(seed=3)
+    attrs = ("wqkv", "wo", "w13", "w2")
+    shapes = [tuple(getattr(target.model.layers[0], a).shape) for a in attrs]
+    _fake_timings(monkeypatch, {r: 2.0 for r in quant.ROW_BUCKETS})  # dense never wins
+    pack_model(target.model, "int8", kernel_cache=tmp_path)
+    layer = target.model.layers[0]
+    assert all(getattr(layer, a).dense is None for a in attrs)
+    assert [getattr(layer, a).plan.measured_on.split(" | ")[4] for a in attrs] == [f"{n}x{k}" for n, k in shapes]
+    assert layer.w13.plan.kernel("int8", 512) == "packed"
+    default, _ = tiny_target(seed=3)
+    pack_model(default.model, "int8")
+    assert default.model.layers[0].w13.dense is not None  # the default plan: dense beyond 16 rows
 
 
 def test_plan_picks_kernel_by_rows():
@@ -372,3 +407,25 @@ def test_a_packed_draft_encodes_many_rows_densely_in_bfloat16_and_few_packed():
     layer(few, prefill=True)
     layer(many)  # not a prefill: packed whatever the rows
     assert calls == [4, 40]
+
+
+def test_a_draft_heads_catch_up_kernel_is_measured_against_bfloat16(tmp_path, monkeypatch):
+    """With a kernel cache, pack_linears measures each shape's many-row kernel against a dense bfloat16 copy:
+    where the packed kernel wins (our w4a8 at 256 rows on a 2-core EPYC) no copy is kept; where bfloat16 wins
+    clearly, the copy is bfloat16."""
+    from eaglespec.runtime.pack import pack_linears
+
+    def holder():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 64, bias=False))
+
+    _fake_timings(monkeypatch, {r: 2.0 for r in quant.ROW_BUCKETS})  # packed always faster
+    fast = holder()
+    pack_linears(fast, "int8", kernel_cache=tmp_path / "a")
+    assert [m.dense for m in fast] == [None, None]
+    assert all("dense bfloat16" in m.plan.measured_on for m in fast)
+    _fake_timings(monkeypatch, {4: 2.0, 16: 2.0, 64: 0.5, 256: 0.5})  # bfloat16 wins from 64 rows
+    slow = holder()
+    pack_linears(slow, "int8", kernel_cache=tmp_path / "b")
+    assert all(m.dense.dtype == torch.bfloat16 for m in slow)
+    assert [slow[0].plan.kernel("int8", r) for r in (16, 17, 64, 1000)] == ["packed", "dense", "dense", "dense"]

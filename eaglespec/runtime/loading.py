@@ -478,7 +478,7 @@ def load_target(
         from eaglespec.runtime.pack import pack_model
 
         pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None,
-                   int4_kernel=int4_kernel)
+                   int4_kernel=int4_kernel, kernel_cache=cache_root() / "plans")
     if compile:
         from eaglespec.runtime.compiled import compile_step
 

@@ -16,7 +16,7 @@ import torch
 
 from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.gguf_blocks import QuantTensor, read_quant_tensors, unpermute_rows
-from eaglespec.runtime.quant import FORMATS, KernelPlan, PackedLinear, resolve_int4_kernel
+from eaglespec.runtime.quant import FORMATS, KernelPlan, PackedLinear, calibrate_kernels, resolve_int4_kernel
 
 __all__ = ["pack_linears", "pack_model"]
 
@@ -44,10 +44,31 @@ def _fused_gguf(blocks: dict[str, QuantTensor], layer: int, attr: str, args) -> 
     return QuantTensor(f"blk.{layer}.{attr}", parts[0].ggml_type, "int4", cat("q"), cat("scale"), cat("zero"))
 
 
+class _MeasuredPlans:
+    """The prompt-forward ``KernelPlan`` of each weight shape: ``plan`` if given, else measured on this machine
+    (``quant.calibrate_kernels``, cached under ``cache``) when ``cache`` is given, else the default plan."""
+
+    def __init__(self, fmt: str, kernel: str, plan: KernelPlan | None, cache: str | Path | None,
+                 dense_dtype: torch.dtype | None = None) -> None:
+        self.fmt, self.kernel, self.plan, self.cache, self.dense_dtype = fmt, kernel, plan, cache, dense_dtype
+        self.by_shape: dict[tuple[int, int], KernelPlan] = {}
+
+    def __call__(self, shape: tuple[int, int]) -> KernelPlan | None:
+        if self.plan is not None or self.cache is None:
+            return self.plan
+        if shape not in self.by_shape:
+            self.by_shape[shape] = calibrate_kernels(shape, (self.fmt,), cache_dir=self.cache, kernel=self.kernel,
+                                                     dense_dtype=self.dense_dtype)
+        return self.by_shape[shape]
+
+
 def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: KernelPlan | None = None,
-               int4_kernel: str = "auto") -> dict:
+               int4_kernel: str = "auto", kernel_cache: str | Path | None = None) -> dict:
     """Pack ``model``'s projections in place; returns counts of what came from where. ``int4_kernel``: one of
-    ``quant.INT4_KERNELS`` (``auto``: ours where it runs, else torch's)."""
+    ``quant.INT4_KERNELS`` (``auto``: ours where it runs, else torch's). Prompt forwards run each projection
+    by ``plan``; without one, by a plan measured on this machine per weight shape when ``kernel_cache`` (a
+    directory) is given (packed or dense float32 by row count; a few seconds once, then read back; not for
+    the ``w4a8`` kernel, see below), else by ``quant.default_plan``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
     kernel = resolve_int4_kernel(int4_kernel) if fmt == "int4" else "torch"
@@ -56,14 +77,23 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     args = model.args
     blocks = read_quant_tensors(gguf_path) if gguf_path is not None and fmt == "int4" else {}
     counts = {"from_gguf_blocks": 0, "quantized": 0}
+    # w4a8 would win every prompt size on speed (2.7x float32 at 128-512 rows, 2-core EPYC), but its int8
+    # activations over a whole prompt move the first answer token where it is a near-tie: on the default model
+    # "What is the capital of France?" was answered "L'Étoile, la Marseillaise, ..." instead of "The capital of
+    # France is Paris." (float32 and the float32 prompt agree). So a w4a8 target keeps the default plan: prompts
+    # of more than 16 rows run densely in float32, as the reference does; the other kernels are measured.
+    if kernel == "w4a8" and plan is None:
+        kernel_cache = None
+    plans = _MeasuredPlans(fmt, kernel, plan, kernel_cache)
     for i, layer in enumerate(model.layers):
         for attr in _GGUF_PARTS:
             qt = _fused_gguf(blocks, i, attr, args) if blocks else None
             if qt is not None:
-                packed = PackedLinear.from_int4(qt.q, qt.scale, qt.zero, 32, plan, kernel=kernel)
+                packed = PackedLinear.from_int4(qt.q, qt.scale, qt.zero, 32, plans(tuple(qt.q.shape)), kernel=kernel)
                 counts["from_gguf_blocks"] += 1
             else:
-                packed = PackedLinear.from_float(getattr(layer, attr).data, fmt, plan=plan, kernel=kernel)
+                w = getattr(layer, attr).data
+                packed = PackedLinear.from_float(w, fmt, plan=plans(tuple(w.shape)), kernel=kernel)
                 counts["quantized"] += 1
             del layer._parameters[attr]
             setattr(layer, attr, packed)
@@ -85,29 +115,38 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     return counts
 
 
-def pack_linears(module: torch.nn.Module, fmt: str = "int8", kernel: str = "torch") -> int:
+def pack_linears(module: torch.nn.Module, fmt: str = "int8", kernel: str = "torch",
+                 kernel_cache: str | Path | None = None) -> int:
     """Replace every ``nn.Linear`` inside ``module`` (in place) by a packed one quantized from its float weight
     (bias kept); returns how many were replaced; ``kernel``: the int4 kernel (``quant.INT4_KERNELS``). Used for
     draft heads next to a packed target: a draft's weights
     only decide what is proposed, never what is accepted, so its precision costs acceptance at most, not
-    correctness (the verification is exact either way)."""
+    correctness (the verification is exact either way). ``kernel_cache``: measure the many-row (``prefill``)
+    kernel per weight shape on this machine, packed or dense bfloat16, cached in that directory."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown packed format {fmt!r}; use one of {FORMATS}")
+    kernel = resolve_int4_kernel(kernel) if fmt == "int4" else "torch"
     # Steps draft a few rows: packed. The draft cache's catch-up encodes tens to hundreds of rows at once, where
     # the int8 kernel costs 2.7x a bfloat16 GEMM (the head's linears at 256 rows, 2-core EPYC: 17.2 vs 6.3 ms;
-    # 1.1 vs 0.7 ms at 16 rows, 0.29 vs 0.39 at 4): those rows run densely in bfloat16 (``prefill``).
-    plan = KernelPlan({fmt: [(8, "packed"), (1 << 30, "dense")]}, measured_on="draft", dense_dtype=torch.bfloat16)
+    # 1.1 vs 0.7 ms at 16 rows, 0.29 vs 0.39 at 4): without measurements those rows run densely in bfloat16.
+    fixed = KernelPlan({fmt: [(8, "packed"), (1 << 30, "dense")]}, measured_on="draft", dense_dtype=torch.bfloat16)
+    plans = _MeasuredPlans(fmt, kernel, None if kernel_cache is not None else fixed, kernel_cache, torch.bfloat16)
+    return _pack_children(module, fmt, kernel, plans)
+
+
+def _pack_children(module: torch.nn.Module, fmt: str, kernel: str, plans: _MeasuredPlans) -> int:
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear):
             if child.weight.dtype != torch.float32 or child.weight.device.type != "cpu":
                 raise ValueError(f"packing {name}: needs a float32 CPU weight (got {child.weight.dtype} on "
                                  f"{child.weight.device})")
-            packed = PackedLinear.from_float(child.weight.detach(), fmt, plan=plan, kernel=kernel)
+            w = child.weight.detach()
+            packed = PackedLinear.from_float(w, fmt, plan=plans(tuple(w.shape)), kernel=kernel)
             if child.bias is not None:
                 packed.bias = child.bias.detach().clone()
             setattr(module, name, packed)
             count += 1
         else:
-            count += pack_linears(child, fmt, kernel)
+            count += _pack_children(child, fmt, kernel, plans)
     return count

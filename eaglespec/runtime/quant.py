@@ -5,8 +5,12 @@ Why by hand: torch ships the kernels (``aten._weight_int8pack_mm``, ``aten._weig
 no layer that picks between them and a dense matmul by shape. Which one wins depends on the CPU and on the
 number of rows in the forward (1 for decode, N for verifying N tree tokens, hundreds for prefill): on an
 AVX2-only EPYC int8 is ~2x faster than float32 at 1-4 rows and loses its lead by 8, on AVX-512 machines int4 wins
-at 1 row; prefill is compute-bound and belongs to the dense float32 kernel. So each format carries a
-``KernelPlan`` (row-count buckets -> kernel) measured by ``calibrate_kernels`` and cached per machine.
+at 1 row; prefill is compute-bound, where a dense float32 matmul beats torch's int4 kernel but our ``w4a8``
+beats both on speed (2.7x float32 at 128-512 rows on a 2-core EPYC). So each layer carries a ``KernelPlan``
+for its prompt forwards (row-count buckets -> kernel) measured by ``calibrate_kernels`` per weight shape and
+cached per machine (``pack.pack_model`` / ``pack_linears`` with ``kernel_cache``, which ``load_target`` and
+the draft head loader pass; a w4a8 target's prompts stay float32 for their numerics, see ``pack_model``); a
+layer whose plan never runs densely keeps no dense copy.
 
 Formats and what the kernels compute (activations are cast to bfloat16 for the packed kernels, the output
 back to the input dtype):
@@ -46,6 +50,7 @@ INT4_KERNELS = ("auto", "w4a8", "torch")
 """``auto``: ``w4a8`` where it runs (``w4a8.available()``), else ``torch``."""
 KERNELS = ("packed", "dense")
 ROW_BUCKETS = (4, 16, 64, 256)  # prefill sizes
+DENSE_MARGIN = 1.1  # calibrate_kernels keeps a dense copy only where it is at least this much faster
 
 
 @dataclass
@@ -248,40 +253,56 @@ def machine_fingerprint(threads: int | None = None) -> str:
     return f"{cpu} | {os.cpu_count()} cpus | {threads} threads | torch {torch.__version__}"
 
 
-def _time(fn, reps: int) -> float:
+def _prompt_times(layer: PackedLinear, dense: Tensor, x: Tensor, reps: int) -> tuple[float, float]:
+    """Seconds of a prompt forward over ``x`` through the packed layer and through the dense weight (medians)."""
+    return (_median_time(lambda: layer(x, True), reps),
+            _median_time(lambda: F.linear(x.to(dense.dtype), dense).to(x.dtype), reps))
+
+
+def _median_time(fn, reps: int) -> float:
     fn()
-    t = time.perf_counter()
+    times = []
     for _ in range(reps):
+        t = time.perf_counter()
         fn()
-    return (time.perf_counter() - t) / reps
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
 
 
 def calibrate_kernels(shape: tuple[int, int], formats: Sequence[str] = FORMATS, buckets: Sequence[int] = ROW_BUCKETS,
-                      cache_dir: str | os.PathLike[str] | None = None, reps: int = 5) -> KernelPlan:
-    """Time packed vs dense on a weight of ``shape`` (out, in) for each row bucket; cached per machine and
-    shape in ``cache_dir/kernels.json`` (a second call reads it back)."""
-    key = f"{machine_fingerprint()} | {shape[0]}x{shape[1]} | {','.join(map(str, buckets))}"
+                      cache_dir: str | os.PathLike[str] | None = None, reps: int = 7, kernel: str = "torch",
+                      dense_dtype: torch.dtype | None = None) -> KernelPlan:
+    """Time packed vs dense on a weight of ``shape`` (out, in) for each row bucket; cached per machine, shape,
+    int4 kernel and dense dtype in ``cache_dir/kernels.json`` (a second call reads it back). ``kernel``: the
+    int4 kernel that will run (``INT4_KERNELS``, resolved); ``dense_dtype``: the dense copy's dtype (None =
+    float32)."""
+    kernel = resolve_int4_kernel(kernel)
+    dense_name = str(dense_dtype or torch.float32).removeprefix("torch.")
+    key = (f"{machine_fingerprint()} | {shape[0]}x{shape[1]} | {','.join(map(str, buckets))} | int4 {kernel} | "
+           f"dense {dense_name}")
     path = Path(cache_dir) / "kernels.json" if cache_dir is not None else None
     cached = json.loads(path.read_text()) if path is not None and path.is_file() else {}
     if key in cached and all(f in cached[key] for f in formats):
-        return KernelPlan({f: [tuple(e) for e in cached[key][f]] for f in formats}, key)
-    w = torch.randn(shape) * 0.02
-    dense = w.clone()
+        return KernelPlan({f: [tuple(e) for e in cached[key][f]] for f in formats}, key, dense_dtype)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(shape, generator=g) * 0.02
+    dense = w.to(dense_dtype or torch.float32)
     choice: dict[str, list[tuple[int, str]]] = {}
     for fmt in formats:
-        layer = PackedLinear.from_float(w, fmt, plan=KernelPlan({fmt: [(1 << 30, "packed")]}))
+        layer = PackedLinear.from_float(w, fmt, plan=KernelPlan({fmt: [(1 << 30, "packed")]}), kernel=kernel)
         table = []
         for rows in buckets:
-            x = torch.randn(rows, shape[1])
-            t_packed = _time(lambda: layer(x), reps)
-            t_dense = _time(lambda: F.linear(x, dense), reps)
-            table.append((rows, "packed" if t_packed <= t_dense else "dense"))
+            t_packed, t_dense = _prompt_times(layer, dense, torch.randn(rows, shape[1], generator=g), reps)
+            # dense must win clearly: its copy costs memory (4 bytes a weight in float32), and one noisy reading
+            # once kept a 212 MB copy of the default model's gate/up weights for 4-row prompts
+            table.append((rows, "dense" if t_dense * DENSE_MARGIN < t_packed else "packed"))
         table[-1] = (1 << 30, table[-1][1])
         choice[fmt] = table
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        cached = json.loads(path.read_text()) if path.is_file() else {}  # another process may have added keys
         cached[key] = choice
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(cached, indent=1))
         os.replace(tmp, path)
-    return KernelPlan(choice, key)
+    return KernelPlan(choice, key, dense_dtype)

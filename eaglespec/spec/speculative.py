@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from eaglespec.runtime import cpu_kernels
+from eaglespec.runtime.cachedir import cache_root
 from eaglespec.runtime.pack import pack_linears
 from eaglespec.runtime.quant import FORMATS as PACKED_FORMATS
 from eaglespec.spec.strategies import DEFAULT_TREE_TABLE, TREE_KINDS, TreeDispatcher
@@ -100,10 +101,11 @@ def load_draft_head(head_dir, target, dtype=None):
         # int8 weights read 4x less (measured in docs/RUNTIME.md), at no cost to losslessness. Where our
         # int4 x int8 kernel runs, int4 weights in it draft 27% faster again with the same acceptance (shipped
         # head, 10 MT-bench turns, chain of 1: tau 1.303 vs 1.305, draft time 1.57 vs 2.20 s; RUNTIME.md).
+        plans = cache_root() / "plans"  # many-row (catch-up) kernels measured on this machine, as the target's
         if cpu_kernels.available():
-            pack_linears(head, "int4", kernel="w4a8")
+            pack_linears(head, "int4", kernel="w4a8", kernel_cache=plans)
         else:
-            pack_linears(head, "int8")
+            pack_linears(head, "int8", kernel_cache=plans)
     return head
 
 
