@@ -1,7 +1,7 @@
 """Our C++ CPU kernels (``kernels/*.cpp``, registered as ``torch.ops.eaglespec.*``): built on first use, cached.
 
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
-result for a query does not depend on the other queries in the call). They need AVX-512 with VNNI on x86-64
+result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call). They need AVX-512 with VNNI on x86-64
 Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles both into one library under
 the cache directory the first time (~20 s), and later processes load it (a changed source, flag or torch
 version builds a new one). Where they cannot run, ``available()`` is False and ``unavailable_reason()`` says
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SOURCES", "available", "cpuinfo", "unavailable_reason"]
+__all__ = ["SOURCES", "available", "cpuinfo", "loaded", "unavailable_reason"]
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("kernels") / name for name in ("w4a8.cpp", "row_attention.cpp")]
+SOURCES = [Path(__file__).with_name("kernels") / name for name in ("w4a8.cpp", "row_attention.cpp", "rms_norm.cpp")]
 _REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
 
@@ -98,6 +98,7 @@ def _register_fakes() -> None:
     register("w4a8_mm", lambda x, wq, scale, offset: x.new_empty((x.shape[0], wq.shape[0] * 16)))
     register("row_attention", lambda q, keys, values, mask: q.new_empty(
         (q.shape[0], q.shape[2], q.shape[1], q.shape[3])))
+    register("rms_norm", lambda x, w, eps: torch.empty_like(x))
 
 
 def available(cache_dir: str | Path | None = None) -> bool:
@@ -111,6 +112,13 @@ def available(cache_dir: str | Path | None = None) -> bool:
             else:
                 logger.warning("eaglespec CPU kernels unavailable: %s; torch's kernels are used instead", why)
         return bool(_state["ok"])
+
+
+def loaded() -> bool:
+    """Whether an earlier ``available()`` in this process loaded the kernels (never builds them): code that
+    could use them on any model (``model.rms_norm``) asks this, so that only the paths that need them (packed
+    int4 weights in ``w4a8``, ``row_attention``) pay for a build."""
+    return bool(_state.get("ok"))
 
 
 def unavailable_reason() -> str:

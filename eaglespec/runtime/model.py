@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.kvcache import ContextOverflowError, HostRows, KVCache
 from eaglespec.runtime.logits import rescored_logits
 from eaglespec.runtime.quant import PackedLinear, linear
@@ -212,8 +213,14 @@ def _active_window(d: Mapping[str, Any], model_type: str, n_layers: int) -> int 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF-style RMSNorm: normalize in float32 over the last dim, cast back, then scale by ``weight``.
 
-    ``weight`` broadcasts against ``x`` (e.g. ``[H]``, or ``[heads, D]`` for per-head norms).
+    ``weight`` broadcasts against ``x`` (e.g. ``[H]``, or ``[heads, D]`` for per-head norms). float32 rows on
+    the CPU go through our one-call kernel (``kernels/rms_norm.cpp``) where it is loaded in this process and
+    nothing needs gradients or is being compiled (inductor fuses the norm itself).
     """
+    if (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and weight.dim() == 1 and cpu_kernels.loaded() and not (x.requires_grad or weight.requires_grad)
+            and not torch.compiler.is_compiling()):
+        return torch.ops.eaglespec.rms_norm(x, weight, eps)
     dtype = x.dtype
     y = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     return weight * y.to(dtype)
