@@ -41,8 +41,9 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # from the fastest of 3 runs; 5: overhead from the median decode step, a tree's cost at least its median step
 # less forward and overhead, cheap forwards timed up to 7 times, the paused step's cost; 6: a longer chain's
 # drafting never reads cheaper than a shorter chain's; 7: the paused step over at most 132 steps (a buffer of
-# 256 pairs: the catch-up is paid when drafting resumes, not while paused)
-CALIBRATION_VERSION = 7
+# 256 pairs: the catch-up is paid when drafting resumes, not while paused); 8: eager norms in one kernel call
+# (every eager cost moved)
+CALIBRATION_VERSION = 8
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
