@@ -164,6 +164,12 @@ def test_a_calibration_taken_under_load_is_used_but_not_cached(tmp_path, monkeyp
     slow_chain = flat_costs()
     slow_chain.draft[(1, "chain2")] = 0.030  # 15 ms a level against 1 ms for the other chains
     assert any("chain2" in d for d in slow_chain.implausible())
+    noisy_pause = flat_costs()
+    v1 = noisy_pause.envelope[(1, 1)]
+    noisy_pause.paused = {1: max(0.11 * v1, 0.0011)}  # read 1.1 ms against a 10 ms forward on a noisy machine
+    assert any("paused step" in d and "batch 1" in d for d in noisy_pause.implausible())
+    noisy_pause.paused = {1: min(0.04 * v1, 0.0004)}  # bookkeeping: a few percent at most
+    assert noisy_pause.implausible() == []
 
     cands = {"chain1": Chain(1)}
     target = type("T", (), {"name": "m"})()

@@ -85,20 +85,28 @@ class CostTable:
         t = (n - lo) / (hi - lo)
         return (1 - t) * v[(b, lo)] + t * v[(b, hi)] + extra
 
-    def implausible(self, factor: float = 5.0, slack: float = 0.005) -> list[str]:
+    def implausible(self, factor: float = 5.0, slack: float = 0.005, paused_share: float = 0.08,
+                    paused_floor: float = 0.0005) -> list[str]:
         """Signs that the machine was busy while this table was measured, which the verify envelope cannot
         repair: the engine's own bookkeeping costing ``factor`` 1-token forwards, or one chain drafting
         ``factor`` times slower per level than another at the same batch size (a level costs about the same
         at every depth); either also ``slack`` seconds beyond the other, so that tiny models, whose forwards
         cost less than the Python around them, are not flagged. A table taken on a busy 2-core machine once
         held 1 s of overhead a step at batch 2 and a chain of 2 at 13x a chain of 1's per-level cost; cached,
-        it would have steered every later run."""
+        it would have steered every later run. Also a paused step costing more than ``paused_share`` of a
+        1-token forward (and ``paused_floor`` seconds): it only records a pair per row, which measured 0-4% on
+        the 2-core EPYC, and one calibration taken on a noisy machine read 1.1 ms (11%) at batch 1, which made
+        the model predict a loss for every choice including pausing."""
         def off(hi: float, lo: float) -> bool:
             return hi > factor * lo and hi - lo > slack
 
         out = [f"engine overhead {o * 1e3:.1f} ms a step at batch {b} against a 1-token forward's "
                f"{self.envelope[(b, 1)] * 1e3:.1f} ms"
                for b, o in sorted(self.overhead.items()) if (b, 1) in self.envelope and off(o, self.envelope[(b, 1)])]
+        out += [f"paused step {p * 1e3:.2f} ms at batch {b} against a 1-token forward's "
+                f"{self.envelope[(b, 1)] * 1e3:.1f} ms"
+                for b, p in sorted(self.paused.items())
+                if (b, 1) in self.envelope and p > paused_share * self.envelope[(b, 1)] and p > paused_floor]
         for b in sorted({b for b, _ in self.draft}):
             per_level = {label: s / int(label[5:]) for (b2, label), s in self.draft.items()
                          if b2 == b and label.startswith("chain") and label[5:].isdigit() and s > 0}
