@@ -170,6 +170,8 @@ def test_a_calibration_taken_under_load_is_used_but_not_cached(tmp_path, monkeyp
     assert any("paused step" in d and "batch 1" in d for d in noisy_pause.implausible())
     noisy_pause.paused = {1: min(0.04 * v1, 0.0004)}  # bookkeeping: a few percent at most
     assert noisy_pause.implausible() == []
+    noisy_pause.paused = {1: 0.0002, 4: 0.15 * noisy_pause.envelope[(4, 1)]}  # a pair per row: not judged at 4
+    assert noisy_pause.implausible() == []
 
     cands = {"chain1": Chain(1)}
     target = type("T", (), {"name": "m"})()
