@@ -228,9 +228,8 @@ def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, 
     plain runs of as many steps (twice the buffer, at most ``PAUSED_STEPS``: a request paused for longer than
     the buffer pays a catch-up, a shorter one none), each step timed on its own; the difference of the median
     steps plus the catch-up steps' excess over the median, spread over all steps; the median over ``reps``
-    pairs of runs (the
-    smallest of 2 read 0.0-0.24 ms at batch 1 in four calibrations of one quiet 2-core EPYC: a minimum of
-    noisy differences is biased low)."""
+    pairs of runs (the smallest of 2 read 0.0-0.24 ms at batch 1 in four calibrations of one quiet 2-core
+    EPYC: a minimum of noisy differences is biased low)."""
     from eaglespec.spec.strategies import NoDraft
 
     batches = batches or BATCHES

@@ -82,9 +82,7 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     # "What is the capital of France?" was answered "L'Étoile, la Marseillaise, ..." instead of "The capital of
     # France is Paris." (float32 and the float32 prompt agree). So a w4a8 target keeps the default plan: prompts
     # of more than 16 rows run densely in float32, as the reference does; the other kernels are measured.
-    if kernel == "w4a8" and plan is None:
-        kernel_cache = None
-    plans = _MeasuredPlans(fmt, kernel, plan, kernel_cache)
+    plans = _MeasuredPlans(fmt, kernel, plan, kernel_cache if kernel != "w4a8" else None)
     for i, layer in enumerate(model.layers):
         for attr in _GGUF_PARTS:
             qt = _fused_gguf(blocks, i, attr, args) if blocks else None
