@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eaglespec.datasets import DatasetError, encode_conversation
 from eaglespec.train.data import PrepareConfig, prepare_data, read_prepared
 from eaglespec.train.features import FeatureStore, OfflineFeatures, OnlineFeatures, capture_features, epoch_batches
 from eaglespec.spec.heads import DraftHead, default_feature_layer_ids, load_head, save_head
@@ -535,3 +536,30 @@ def test_the_final_head_is_saved_before_the_final_evaluation(tiny, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train(cfg, target)
     assert load_head(Path(cfg.out_dir) / "head", target.model).config.draft_vocab_size == 100
+
+
+def test_acceptance_eval_decodes_the_given_question_file(tiny, tmp_path, monkeypatch):
+    import eaglespec.train.train as train_module
+
+    target, root = tiny
+    questions = [{"question_id": i, "category": "ab"[i % 2], "turns": [f"Say {w} {w}", "again"]}
+                 for i, w in enumerate(WORDS[:6])]
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    seen = []
+
+    def fake_eval(target, head, prompts, depth, max_new_tokens):
+        seen.append([list(p) for p in prompts])
+        return {"tau": 1.0}
+
+    monkeypatch.setattr(train_module, "acceptance_eval", fake_eval)
+    train(config(root, "qeval", max_steps=2, draft_vocab_size=100, eval_records=8, eval_acceptance_prompts=3,
+                 eval_prompts=f"mt={qfile}", eval_prompts_per_category=2), target)
+    # the first 2 of each category (ids 0, 1, 2, 3 in file order), then the first 3; first turns only
+    want = [encode_conversation(target.tokenizer, [f"Say {w} {w}"], []) for w in WORDS[:3]]
+    assert seen and all(s == want for s in seen)
+    with pytest.raises(ValueError, match="eval_prompts_per_category needs eval_prompts"):
+        config(root, "x", eval_prompts_per_category=2).validate()
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DatasetError, match="no questions"):
+        train(config(root, "qeval2", max_steps=1, eval_prompts=str(tmp_path / "empty.jsonl")), target)

@@ -148,6 +148,11 @@ class TrainConfig:
         "evaluate this many times, evenly over the run (replaces eval_every; follows a fitted step count)"))
     eval_acceptance_prompts: int = field(default=8, metadata=_opt(
         "held-out prompts decoded through the engine for real acceptance (0 = off)"))
+    eval_prompts: str | None = field(default=None, metadata=_opt(
+        "[NAME=]PATH of an eval question file (MT-bench, Spec-Bench, HumanEval...): the acceptance eval decodes "
+        "its first turns instead of held-out records' prompts"))
+    eval_prompts_per_category: int | None = field(default=None, metadata=_opt(
+        "with eval_prompts: the first N questions of each category (then the first eval_acceptance_prompts)"))
     eval_max_new_tokens: int = field(default=64, metadata=_opt("tokens generated per acceptance prompt"))
     eval_chain_depth: int | None = field(default=None, metadata=_opt("draft chain depth (None = ttt_steps)"))
     log_every: int = field(default=10, metadata=_opt("steps between metrics.jsonl lines"))
@@ -201,6 +206,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.eval_prompts_per_category is not None and self.eval_prompts_per_category < 1:
+            raise ValueError(f"eval_prompts_per_category must be >= 1, got {self.eval_prompts_per_category}")
+        if self.eval_prompts_per_category is not None and not self.eval_prompts:
+            raise ValueError("eval_prompts_per_category needs eval_prompts")
         if self.eval_count is not None and self.eval_count < 1:
             raise ValueError(f"eval_count must be >= 1, got {self.eval_count}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -552,11 +561,20 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     if not prompts:
         return None
     engine = Engine(target, proposer=EagleProposer(head, Chain(depth)),
-                    max_batch_size=min(8, len(prompts)))
+                    max_batch_size=min(8 if next(head.parameters()).device.type == "cpu" else 32, len(prompts)))
     done = engine.generate([Request(p, GenerationConfig(max_new_tokens)) for p in prompts])
     st = SequenceStats.pooled(c.stats for c in done)
     return {"tau": round(st.tau, 4), "acceptance_by_position": [round(a, 4) for a in st.acceptance_by_position(depth)],
             "decode_tokens": st.decode_tokens, "target_forwards": st.target_forwards}
+
+
+def question_prompts(tokenizer: Any, spec: str, limit: int, per_category: int | None) -> list[list[int]]:
+    """Token ids of the first turns of an eval question file (through the chat template, generation prompt
+    added), as ``eaglespec bench`` asks them: the first ``per_category`` of each category, then ``limit``."""
+    from eaglespec.datasets import encode_conversation, load_questions
+
+    questions = load_questions(spec, limit=limit, per_category=per_category)
+    return [encode_conversation(tokenizer, q.turns[:1], []) for q in questions]
 
 
 def _autocast(cfg: TrainConfig, device: torch.device) -> Any:
@@ -792,10 +810,13 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
         if info.main and data.eval is not None:
             result = evaluate(unroll, data.eval, cfg, lm_weight, device)
             if cfg.eval_acceptance_prompts:
-                prompts = []
-                for i in data.eval_idx[: cfg.eval_acceptance_prompts]:
-                    ids, mask = data.tokens(i)
-                    prompts.append(ids[: mask.index(1)] if 1 in mask else [])
+                if eval_prompts is not None:
+                    prompts = eval_prompts
+                else:
+                    prompts = []
+                    for i in data.eval_idx[: cfg.eval_acceptance_prompts]:
+                        ids, mask = data.tokens(i)
+                        prompts.append(ids[: mask.index(1)] if 1 in mask else [])
                 acc = acceptance_eval(target, head, prompts, cfg.eval_chain_depth or cfg.ttt_steps,
                                       cfg.eval_max_new_tokens)
                 if acc is None:
@@ -807,6 +828,10 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
             dist.barrier()
         return result
 
+    eval_prompts = None
+    if cfg.eval_prompts and cfg.eval_acceptance_prompts and info.main:
+        eval_prompts = question_prompts(target.tokenizer, cfg.eval_prompts, cfg.eval_acceptance_prompts,
+                                        cfg.eval_prompts_per_category)
     loop_start = time.perf_counter()
 
     def spent() -> float:
