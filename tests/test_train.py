@@ -560,6 +560,8 @@ def test_acceptance_eval_decodes_the_given_question_file(tiny, tmp_path, monkeyp
     assert seen and all(s == want for s in seen)
     with pytest.raises(ValueError, match="eval_prompts_per_category needs eval_prompts"):
         config(root, "x", eval_prompts_per_category=2).validate()
+    with pytest.raises(ValueError, match="eval_prompts: no such file .*missing.jsonl"):
+        config(root, "x", eval_prompts=f"mt={tmp_path / 'missing.jsonl'}").validate()
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DatasetError, match="no questions"):
         train(config(root, "qeval2", max_steps=1, eval_prompts=str(tmp_path / "empty.jsonl")), target)

@@ -210,6 +210,12 @@ class TrainConfig:
             raise ValueError(f"eval_prompts_per_category must be >= 1, got {self.eval_prompts_per_category}")
         if self.eval_prompts_per_category is not None and not self.eval_prompts:
             raise ValueError("eval_prompts_per_category needs eval_prompts")
+        if self.eval_prompts:  # before the target loads: a wrong path is refused at once
+            from eaglespec.datasets import dataset_name
+
+            path = dataset_name(self.eval_prompts)[1]
+            if not path.is_file():
+                raise ValueError(f"eval_prompts: no such file {path}")
         if self.eval_count is not None and self.eval_count < 1:
             raise ValueError(f"eval_count must be >= 1, got {self.eval_count}")
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
