@@ -567,7 +567,7 @@ def acceptance_eval(target: Any, head: DraftHead, prompts: Sequence[Sequence[int
     if not prompts:
         return None
     engine = Engine(target, proposer=EagleProposer(head, Chain(depth)),
-                    max_batch_size=min(8 if next(head.parameters()).device.type == "cpu" else 32, len(prompts)))
+                    max_batch_size=min(8 if head.device.type == "cpu" else 32, len(prompts)))
     done = engine.generate([Request(p, GenerationConfig(max_new_tokens)) for p in prompts])
     st = SequenceStats.pooled(c.stats for c in done)
     return {"tau": round(st.tau, 4), "acceptance_by_position": [round(a, 4) for a in st.acceptance_by_position(depth)],
@@ -811,6 +811,11 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
             with open(metrics_file, "a") as f:
                 f.write(json.dumps(entry) + "\n")
 
+    eval_prompts = None  # token ids of --eval-prompts' first turns, encoded once
+    if cfg.eval_prompts and cfg.eval_acceptance_prompts and info.main:
+        eval_prompts = question_prompts(target.tokenizer, cfg.eval_prompts, cfg.eval_acceptance_prompts,
+                                        cfg.eval_prompts_per_category)
+
     def run_eval() -> dict[str, Any]:
         result: dict[str, Any] = {}
         if info.main and data.eval is not None:
@@ -834,10 +839,6 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
             dist.barrier()
         return result
 
-    eval_prompts = None
-    if cfg.eval_prompts and cfg.eval_acceptance_prompts and info.main:
-        eval_prompts = question_prompts(target.tokenizer, cfg.eval_prompts, cfg.eval_acceptance_prompts,
-                                        cfg.eval_prompts_per_category)
     loop_start = time.perf_counter()
 
     def spent() -> float:
