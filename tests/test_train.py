@@ -560,6 +560,9 @@ def test_acceptance_eval_decodes_the_given_question_file(tiny, tmp_path, monkeyp
     assert seen and all(s == want for s in seen)
     with pytest.raises(ValueError, match="eval_prompts_per_category needs eval_prompts"):
         config(root, "x", eval_prompts_per_category=2).validate()
+    for off in ({"eval_acceptance_prompts": 0}, {"eval_records": 0}):  # it would be silently ignored
+        with pytest.raises(ValueError, match="eval_prompts needs eval_acceptance_prompts >= 1 and eval_records"):
+            config(root, "x", eval_prompts=str(qfile), **off).validate()
     with pytest.raises(ValueError, match="eval_prompts: no such file .*missing.jsonl"):
         config(root, "x", eval_prompts=f"mt={tmp_path / 'missing.jsonl'}").validate()
     (tmp_path / "empty.jsonl").write_text("")

@@ -210,6 +210,9 @@ class TrainConfig:
             raise ValueError(f"eval_prompts_per_category must be >= 1, got {self.eval_prompts_per_category}")
         if self.eval_prompts_per_category is not None and not self.eval_prompts:
             raise ValueError("eval_prompts_per_category needs eval_prompts")
+        if self.eval_prompts and not (self.eval_acceptance_prompts and self.eval_records):
+            raise ValueError("eval_prompts needs eval_acceptance_prompts >= 1 and eval_records >= 1 (the acceptance "
+                             "eval runs with the held-out evaluation)")
         if self.eval_prompts:  # before the target loads: a wrong path is refused at once
             from eaglespec.datasets import dataset_name
 
