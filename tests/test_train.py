@@ -568,3 +568,41 @@ def test_acceptance_eval_decodes_the_given_question_file(tiny, tmp_path, monkeyp
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DatasetError, match="no questions"):
         train(config(root, "qeval2", max_steps=1, eval_prompts=str(tmp_path / "empty.jsonl")), target)
+
+
+def test_eval_ids_hold_out_the_same_records_on_grown_data(tiny, tmp_path):
+    from eaglespec.train.train import split_by_ids
+
+    target, root = tiny
+    first = config(root, "ids1", features=None, data=str(root / "data"), max_steps=1, eval_records=8,
+                   eval_acceptance_prompts=0, draft_vocab_size=100)
+    train(first, target)
+    held = (Path(first.out_dir) / "eval_ids.txt").read_text().split()
+    records, _ = read_prepared(root / "data")
+    assert len(held) == 8 and set(held) <= {r.id for r in records}
+    # grown data: the same records in another order plus new ones; a seeded choice would hold out others
+    lines = (root / "data" / "data.jsonl").read_text().splitlines()
+    new = [json.dumps({**json.loads(line), "id": json.loads(line)["id"] + "-new"}) for line in lines[:40]]
+    grown = tmp_path / "grown"
+    grown.mkdir()
+    (grown / "data.jsonl").write_text("\n".join(new + lines[::-1]) + "\n")
+    (grown / "manifest.json").write_text((root / "data" / "manifest.json").read_text())
+    second = config(root, "ids2", features=None, data=str(grown), max_steps=1, eval_records=8,
+                    eval_acceptance_prompts=0, draft_vocab_size=100, eval_ids=str(Path(first.out_dir) / "eval_ids.txt"))
+    train(second, target)
+    assert sorted((Path(second.out_dir) / "eval_ids.txt").read_text().split()) == sorted(held)
+
+    ids = ["a", "b", "c", "d"]
+    assert split_by_ids(ids, ["d", "b"], 2) == ([0, 2], [1, 3])
+    with pytest.raises(ValueError, match="eval_ids names 2 records but eval_records is 3"):
+        split_by_ids(ids, ["d", "b"], 3)
+    with pytest.raises(ValueError, match="1 of 2 ids are not in the data, e.g. \\['x'\\]"):
+        split_by_ids(ids, ["x", "b"], 2)
+    (tmp_path / "dup.txt").write_text("a\nb\na\n")
+    with pytest.raises(ValueError, match="repeated record ids \\['a'\\]"):
+        train(config(root, "ids3", features=None, data=str(grown), max_steps=1, eval_records=3,
+                     eval_ids=str(tmp_path / "dup.txt")), target)
+    with pytest.raises(ValueError, match="eval_ids needs `data`"):
+        config(root, "x", eval_ids=str(tmp_path / "dup.txt")).validate()
+    with pytest.raises(ValueError, match="eval_ids: no such file"):
+        config(root, "x", features=None, data=str(grown), eval_ids=str(tmp_path / "none.txt")).validate()

@@ -113,6 +113,10 @@ class TrainConfig:
         "prepared data directory: features computed on the fly by the target (online)"))
     max_len: int | None = field(default=None, metadata=_opt("truncate training records to this many tokens"))
     eval_records: int = field(default=32, metadata=_opt("records held out for evaluation (0 = none)"))
+    eval_ids: str | None = field(default=None, metadata=_opt(
+        "file of record ids to hold out (one per line, e.g. an earlier run's out_dir/eval_ids.txt) in place of "
+        "a seeded choice: a continuation on grown data is then evaluated on records no stage trained on; "
+        "needs --data and exactly eval_records ids"))
     # ---- objective
     ttt_steps: int = field(default=3, metadata=_opt("training-time-test unrolled steps k (1 = no TTT)"))
     step_weight: float = field(default=0.8, metadata=_opt("loss weight of step j is step_weight ** j"))
@@ -162,7 +166,7 @@ class TrainConfig:
     # Fields whose change makes a checkpoint's data order or head shape invalid.
     RESUME_FIXED: typing.ClassVar[tuple[str, ...]] = (
         "kind", "num_layers", "fc_bias", "draft_vocab_size", "feature_layer_ids", "init_head", "init_vocab",
-        "features", "data", "max_len", "eval_records", "batch_size", "grad_accum", "seed")
+        "features", "data", "max_len", "eval_records", "eval_ids", "batch_size", "grad_accum", "seed")
 
     def __post_init__(self) -> None:
         if self.feature_layer_ids is not None:
@@ -206,6 +210,12 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.time_budget is not None and not self.time_budget > 0:
             raise ValueError(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.eval_ids is not None:
+            if self.features is not None:
+                raise ValueError("eval_ids needs `data` (online training): offline feature shards hold record "
+                                 "indices, not ids")
+            if not Path(self.eval_ids).is_file():
+                raise ValueError(f"eval_ids: no such file {self.eval_ids}")
         if self.eval_prompts_per_category is not None and self.eval_prompts_per_category < 1:
             raise ValueError(f"eval_prompts_per_category must be >= 1, got {self.eval_prompts_per_category}")
         if self.eval_prompts_per_category is not None and not self.eval_prompts:
@@ -428,6 +438,30 @@ def split_indices(n: int, eval_records: int, seed: int) -> tuple[list[int], list
     return sorted(perm[eval_records:]), sorted(perm[:eval_records])
 
 
+def read_ids(path: str | os.PathLike[str]) -> list[str]:
+    """Record ids, one per line (blank lines skipped); a repeated id is refused."""
+    ids = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    seen: set[str] = set()
+    dup = [i for i in ids if i in seen or seen.add(i)]
+    if dup:
+        raise ValueError(f"{path}: repeated record ids {dup[:3]}")
+    return ids
+
+
+def split_by_ids(record_ids: list[str], held_out: list[str], eval_records: int) -> tuple[list[int], list[int]]:
+    """(train, eval) record indices with exactly the records named in ``held_out`` held out."""
+    if len(held_out) != eval_records:
+        raise ValueError(f"eval_ids names {len(held_out)} records but eval_records is {eval_records}: "
+                         f"pass --eval-records {len(held_out)}")
+    where = {rid: i for i, rid in enumerate(record_ids)}
+    missing = [rid for rid in held_out if rid not in where]
+    if missing:
+        raise ValueError(f"eval_ids: {len(missing)} of {len(held_out)} ids are not in the data, e.g. {missing[:3]}")
+    ev = sorted(where[rid] for rid in held_out)
+    held = set(ev)
+    return [i for i in range(len(record_ids)) if i not in held], ev
+
+
 def select_draft_vocab(counts: Counter[int], size: int, vocab_size: int, always: Sequence[int] = ()) -> Tensor:
     """int64 [size] sorted target ids: ``always`` (e.g. EOS) first, then the most frequent, ties by id, then
     (if the data has too few distinct tokens) the lowest unused ids."""
@@ -495,6 +529,7 @@ class _Data:
     eval_idx: list[int]
     tokens: Any  # i -> (input_ids, loss_mask)
     hidden_indices: tuple[int, ...]
+    record_ids: list[str] | None = None  # online data: ids of the records (out_dir/eval_ids.txt names the held-out)
 
 
 def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
@@ -520,12 +555,16 @@ def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
     ids: tuple[int, ...] = ()
     if want_aux:
         ids = cfg.feature_layer_ids or HeadConfig.for_target(target.model.args, "eagle3").feature_layer_ids
-    train_idx, eval_idx = split_indices(len(records), cfg.eval_records, cfg.seed)
+    if cfg.eval_ids is not None:
+        train_idx, eval_idx = split_by_ids([r.id for r in records], read_ids(cfg.eval_ids), cfg.eval_records)
+    else:
+        train_idx, eval_idx = split_indices(len(records), cfg.eval_records, cfg.seed)
     train = OnlineFeatures(target.model, records, train_idx, cfg.batch_size, ids, cfg.seed, info.world_size,
                            info.rank, cfg.max_len)
     ev = OnlineFeatures(target.model, records, eval_idx, cfg.batch_size, ids, cfg.seed, 1, 0, cfg.max_len) \
         if eval_idx else None
-    return _Data(train, ev, train_idx, eval_idx, lambda i: (records[i].input_ids, records[i].loss_mask), ids)
+    return _Data(train, ev, train_idx, eval_idx, lambda i: (records[i].input_ids, records[i].loss_mask), ids,
+                 [r.id for r in records])
 
 
 def _features(batch: FeatureBatch, kind: str) -> Tensor:
@@ -808,6 +847,8 @@ def _train(cfg: TrainConfig, target: Any, resume: bool, info: DistInfo) -> dict[
     if info.main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        if data.record_ids is not None:  # so a later stage on grown data can hold out the same records
+            (out / "eval_ids.txt").write_text("".join(data.record_ids[i] + "\n" for i in data.eval_idx))
 
     def record(entry: dict[str, Any]) -> None:
         if info.main:
