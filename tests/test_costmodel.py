@@ -591,3 +591,62 @@ def test_a_longer_chain_is_never_calibrated_cheaper_than_a_shorter_one(monkeypat
     assert got[(1, "chain1")] == pytest.approx(0.003)
     assert got[(1, "chain2")] == pytest.approx(0.003)  # raised to the chain of 1's
     assert got[(1, "chain3")] == pytest.approx(0.004)
+
+
+def test_greedy_and_sampled_requests_pool_their_acceptance_apart():
+    """A sampled request accepts less than a greedy one; a mixed stream must not start sampled requests from
+    greedy acceptance (nor the reverse)."""
+    import torch
+
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from eaglespec.spec.proposer import EagleProposer
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    d = AdaptiveDispatcher(flat_costs(), [Chain(1), Chain(2)])
+    prior = d.pools[True].rates()
+    d.start_row(0)
+    for _ in range(30):
+        d.observe([0], Chain(2), [2])  # greedy: everything accepted
+    d.end_row(0)
+    d.start_row(1, sampled=True)
+    assert d.rows[1].rates() == pytest.approx(prior)  # not the greedy row's ~1.0
+    d.start_row(2)
+    assert d.rows[2].rates()[0] > 0.9
+
+    # through the engine: a sampled request feeds the sampled pool only, a greedy one the greedy pool only
+    target, _ = tiny_target("llama")
+    prompt = tiny_tokenizer().encode(PROMPTS[0])
+    for sampling, fed in ((SamplingParams(temperature=1.0, seed=3), True), (SamplingParams(temperature=0.0), False)):
+        d = AdaptiveDispatcher(flat_costs(per_token=0.0, draft_per_level=0.0), [Chain(2)], repick_every=1)
+        before = {k: list(p.tries) for k, p in d.pools.items()}
+        with torch.inference_mode():
+            Engine(target, EagleProposer(make_head(target, "eagle3"), d), max_batch_size=1).generate(
+                [Request(prompt, GenerationConfig(16, sampling, ignore_eos=True))])
+        assert d.pools[fed].tries != before[fed] and d.pools[not fed].tries == before[not fed]
+
+
+def test_a_burst_of_load_during_one_reading_does_not_set_a_trees_cost(monkeypatch):
+    """A shared machine slows for a second or two: the reading taken then is one of three, taken in rounds over
+    the trees (never back to back), and the median keeps the quiet value."""
+    from types import SimpleNamespace
+
+    from eaglespec.engine import calibrate as cal
+
+    order = []
+
+    def steps(target, proposer, batch, n, prompt):
+        if n == cal.LONG_STEPS:
+            order.append(proposer.label)
+        burst = 5.0 if order.count("chain1") == 1 and proposer.label == "chain1" else 1.0  # chain1's 1st reading
+        stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.002 * proposer.depth * burst * (n - 1))
+        return [0.01] * n, stats
+
+    monkeypatch.setattr(cal, "_step_times", steps)
+    target = SimpleNamespace(model=SimpleNamespace(device=None))
+    trees = {f"chain{k}": Chain(k) for k in (1, 2)}
+    got = cal.measure_draft(target, lambda tree: tree, trees, (1,))
+    assert got[(1, "chain1")] == pytest.approx(0.002) and got[(1, "chain2")] == pytest.approx(0.004)
+    assert order == ["chain1", "chain2"] * 3  # rounds over the trees

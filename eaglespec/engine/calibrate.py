@@ -42,8 +42,8 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # less forward and overhead, cheap forwards timed up to 7 times, the paused step's cost; 6: a longer chain's
 # drafting never reads cheaper than a shorter chain's; 7: the paused step over at most 132 steps (a buffer of
 # 256 pairs: the catch-up is paid when drafting resumes, not while paused); 8: eager norms in one kernel call
-# (every eager cost moved)
-CALIBRATION_VERSION = 8
+# (every eager cost moved); 9: a tree's drafting is the median of 3 readings taken in rounds over the trees
+CALIBRATION_VERSION = 9
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
@@ -151,7 +151,7 @@ def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key
 
 @torch.inference_mode()
 def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
-                  costs: CostTable | None = None) -> dict[tuple[int, str], float]:
+                  costs: CostTable | None = None, reps: int = 3) -> dict[tuple[int, str], float]:
     """Seconds per step that each candidate (label -> tree strategy) costs beyond its target forward and the
     engine's per-step overhead, at each batch size. The engine runs a short and a long decode with that tree on
     a fixed prompt (after a warm-up run): the extra draft seconds of the long run over its extra target
@@ -159,25 +159,32 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     long run's steps are also timed one by one, and the cost is at least the median step less
     ``costs.verify_cost(b, nodes)`` (the forward plus the overhead): what a tree step does besides drafting
     (verifying and compacting a tree, committing several tokens) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost 1.39-1.40x a
-    plain one in the benchmark's records while drafting + forwards + overhead summed to 1.27-1.32x."""
+    plain one in the benchmark's records while drafting + forwards + overhead summed to 1.27-1.32x.
+
+    Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
+    (a shared VM's steps slow from 9 to 14 ms for a second or two, then recover) spoils one reading of a tree,
+    not all of them: with one reading, one calibration read the chain of 1 at 5.1 ms of drafting (1.6-1.9
+    in quiet readings) and another at 16 ms, and `--tree auto` then paused where the chain of 1 ran at 1.13x."""
     batches = batches or BATCHES
-    out: dict[tuple[int, str], float] = {}
+    readings: dict[tuple[int, str], list[float]] = {}
     prompt = list(range(5, 5 + min(PREFIX, 64)))
     measured = sorted({batches[0], batches[-1]})  # drafting grows slowly with batch: interpolate between
-    for label, tree in candidates.items():
-        if not tree.drafts:  # a plain step drafts nothing
-            continue
-        for b in measured:
-            if b == measured[0]:
-                _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt)  # warm-up, once per tree
-            _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt)
-            times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt)
-            forwards = long.target_forwards - short.target_forwards
-            cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
-                long.draft_s / max(long.target_forwards, 1)
-            if costs is not None and times:
-                cost = max(cost, statistics.median(times) - costs.verify_cost(b, tree.num_nodes))
-            out[(b, label)] = cost
+    trees = {label: tree for label, tree in candidates.items() if tree.drafts}  # a plain step drafts nothing
+    for rep in range(reps):
+        for label, tree in trees.items():
+            for b in measured:
+                if rep == 0 and b == measured[0]:
+                    _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt)  # warm-up, once per tree
+                _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt)
+                times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt)
+                forwards = long.target_forwards - short.target_forwards
+                cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
+                    long.draft_s / max(long.target_forwards, 1)
+                if costs is not None and times:
+                    cost = max(cost, statistics.median(times) - costs.verify_cost(b, tree.num_nodes))
+                readings.setdefault((b, label), []).append(cost)
+    out = {key: statistics.median(values) for key, values in readings.items()}
+    for label in trees:
         _interpolate(out, batches, measured, key=lambda b, label=label: (b, label))
     _chains_cost_at_least_shorter_chains(out, candidates)
     return out

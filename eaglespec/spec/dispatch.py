@@ -2,7 +2,9 @@
 per-request acceptance (``costmodel.py`` has the formulas).
 
 * Each cache row (request) has its own ``AcceptanceTracker``, started from the dispatcher's pooled one (what
-  earlier requests showed about this head) and updated after every verification of that row.
+  earlier requests showed about this head) and updated after every verification of that row. Greedy and
+  sampled requests pool apart: a sampled request accepts less (its draft must match a random draw, not the
+  argmax), so a server mixing both would otherwise start its sampled requests from greedy acceptance.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size.
 * A batch that stopped drafting (choice ``none``) probes: after ``probe_every`` steps it drafts the cheapest
@@ -44,8 +46,9 @@ class AdaptiveDispatcher:
         self.costs = costs
         self.candidates = {c.label: c for c in candidates if c.drafts}
         self.none = NoDraft()
-        self.pooled = prior or AcceptanceTracker()
+        self.pools = {False: prior or AcceptanceTracker(), True: AcceptanceTracker()}  # greedy / sampled requests
         self.rows: dict[int, AcceptanceTracker] = {}
+        self._sampled: dict[int, bool] = {}  # row -> its request samples (T > 0)
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.max_probe_every, self.probe_steps = max_probe_every, probe_steps
         self._probe_wait = probe_every  # steps until the next probe while paused (doubles after each probe)
@@ -69,14 +72,17 @@ class AdaptiveDispatcher:
         return [self.none, *self.candidates.values()]
 
     # ---------------------------------------------------------------------------------------- per row
-    def start_row(self, row: int) -> None:
-        """A new request took this cache row: its tracker starts from the pooled acceptance."""
-        p = self.pooled
+    def start_row(self, row: int, sampled: bool = False) -> None:
+        """A new request took this cache row: its tracker starts from the pooled acceptance of its kind
+        (sampled: the request samples at T > 0)."""
+        p = self.pools[sampled]
         self.rows[row] = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
                                            shape_tokens=dict(p.shape_tokens))
+        self._sampled[row] = sampled
 
     def end_row(self, row: int) -> None:
         self.rows.pop(row, None)
+        self._sampled.pop(row, None)
 
     def observe(self, rows: Sequence[int], cfg: TreeStrategy, n_accepted: Sequence[int]) -> None:
         """After verifying ``cfg`` for these rows: accepted draft tokens per row."""
@@ -84,7 +90,7 @@ class AdaptiveDispatcher:
             return
         self._observed += 1
         for r, k in zip(rows, n_accepted):
-            for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pooled):
+            for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
                 if isinstance(cfg, Chain):  # a chain's acceptance is per depth; other trees' per shape
                     t.update_chain(cfg.depth, k)
                 else:
@@ -92,7 +98,7 @@ class AdaptiveDispatcher:
 
     # ----------------------------------------------------------------------------------------- choice
     def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
-        ts = [self.rows[r] for r in rows if r in self.rows] or [self.pooled]
+        ts = [self.rows[r] for r in rows if r in self.rows] or [self.pools[False]]
         n = max(len(t.hits) for t in ts)
         rates = [sum((t.rates() + [0.0] * n)[i] for t in ts) / len(ts) for i in range(n)]
         shapes = {}

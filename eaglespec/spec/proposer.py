@@ -138,7 +138,7 @@ class EagleProposer:
                 self.dispatcher.end_row(r)
 
     def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor,
-                seeds: list[int] | None = None) -> None:
+                seeds: list[int] | None = None, sampled: list[bool] | None = None) -> None:
         """The prompt pairs (f_i, t_{i+1}), i < P, the last pair using the pending token: kept for the first
         catch-up (``max_lag > 0``, module docstring) or encoded now; seed each row's draft sampler from `seeds`
         (one per row)."""
@@ -150,8 +150,8 @@ class EagleProposer:
                     s = seeds[b] if self.seed is None else (seeds[b] * 1_000_003 + self.seed) % 2**63
                 self._generators[r] = torch.Generator(device=self.head.device).manual_seed(s)
         if hasattr(self.dispatcher, "start_row"):
-            for r in rows.tolist():
-                self.dispatcher.start_row(r)
+            for b, r in enumerate(rows.tolist()):
+                self.dispatcher.start_row(r, bool(sampled[b]) if sampled is not None else False)
         B, T = tokens.shape
         feats = self.head.target_feature(out).to(self.head.dtype)  # [B, T, F]
         shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, T]: t_{i+1}
@@ -365,7 +365,7 @@ class ReplayProposer:
         for r in rows.tolist():
             self._rows.pop(r, None)
 
-    def prefill(self, rows, tokens, lengths, out, pending, seeds=None) -> None:
+    def prefill(self, rows, tokens, lengths, out, pending, seeds=None, sampled=None) -> None:
         for r, t, n in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
             self._rows[r] = (self.continuations.get(tuple(t[:n]), []), n)
 
