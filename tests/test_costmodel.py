@@ -137,6 +137,9 @@ def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
     cands = {"chain1": Chain(1), "chain3": Chain(3)}
     monkeypatch.setattr(cal, "VERIFY_TOKENS", (1, 2, 4))
     monkeypatch.setattr(cal, "PREFIX", 16)
+    # a tiny model's steps are all Python: on a loaded machine its table can look stalled and go uncached
+    # (tested below); this test is about the cache
+    monkeypatch.setattr(cal.CostTable, "implausible", lambda self: [])
     with torch.inference_mode():
         table, measured = cal.load_or_calibrate(target, lambda t: EagleProposer(head, t), cands, tmp_path,
                                                 head_id="h", batches=(1, 2))
@@ -152,7 +155,7 @@ def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
         cal.load_or_calibrate(target, None, cands, tmp_path, head_id="other", batches=(1, 2))
 
 
-def test_a_calibration_taken_under_load_is_used_but_not_cached(tmp_path, monkeypatch):
+def test_a_calibration_taken_under_load_is_measured_again_and_never_cached(tmp_path, monkeypatch):
     from eaglespec.engine import calibrate as cal
 
     good = flat_costs()
@@ -175,12 +178,12 @@ def test_a_calibration_taken_under_load_is_used_but_not_cached(tmp_path, monkeyp
 
     cands = {"chain1": Chain(1)}
     target = type("T", (), {"name": "m"})()
-    tables = iter([busy, good])
+    tables = iter([busy, slow_chain, busy, good])
     monkeypatch.setattr(cal, "calibrate", lambda *a, **k: next(tables))
     table, measured = cal.load_or_calibrate(target, None, cands, tmp_path, head_id="h", batches=(1, 4))
-    assert table is busy and measured and not list(tmp_path.rglob("*.json"))  # used, not kept
+    assert table is slow_chain and measured and not list(tmp_path.rglob("*.json"))  # stalled twice: used, not kept
     table, measured = cal.load_or_calibrate(target, None, cands, tmp_path, head_id="h", batches=(1, 4))
-    assert table is good and measured and len(list(tmp_path.rglob("*.json"))) == 1  # measured again, kept
+    assert table is good and measured and len(list(tmp_path.rglob("*.json"))) == 1  # measured once more, kept
 
 
 def test_the_head_is_calibrated_as_it_runs():
