@@ -1,29 +1,69 @@
 """Issue 14 table from dispatch_matrix.sh output: per dataset, T and batch, auto and fixed trees over vanilla
 (tokens pooled over the prompts / wall seconds pooled), the per-prompt median, the criteria, and predicted.
-usage: python scripts/dispatch_table.py OUT/mt_bench OUT/spec_bench ..."""
-import json, sys, collections, statistics
-rows = []
-for ds in sys.argv[1:]:
-    R = [json.loads(l) for l in open(f"{ds}/records.jsonl")]
-    g = collections.defaultdict(lambda: [0, 0.0]); pred = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-    per = collections.defaultdict(dict); mism = 0
-    for r in R:
+
+usage: python scripts/dispatch_table.py OUT/mt_bench OUT/spec_bench ...
+       python scripts/dispatch_table.py R1/mt_bench R2/mt_bench R1/spec_bench R2/spec_bench ...
+
+Several directories of the same dataset are repeated runs (dispatch_matrix.sh run into R1, R2, ...): each cell
+then shows the median over the runs of each run's pooled ratio, with auto's range over the runs, and the
+criteria are judged on the medians (one run per cell cannot settle a 2% criterion on a noisy machine)."""
+import collections
+import json
+import statistics
+import sys
+
+
+def cell_ratios(records):
+    """(dataset, T, batch) -> {method: tokens/s over vanilla's}, per-prompt auto/vanilla ratios, predicted."""
+    tok = collections.defaultdict(lambda: [0, 0.0])
+    per = collections.defaultdict(dict)
+    pred = collections.defaultdict(lambda: [0.0, 0.0])
+    for r in records:
         k = (r["dataset"], r["temperature"], r["batch_size"])
-        g[k + (r["method"],)][0] += r["new_tokens"]; g[k + (r["method"],)][1] += r["wall_s"]
+        tok[k + (r["method"],)][0] += r["new_tokens"]
+        tok[k + (r["method"],)][1] += r["wall_s"]
         per[k + (r["question_id"],)][r["method"]] = r["new_tokens"] / r["wall_s"]
-        mism += bool(r.get("mismatch"))
         if r["method"] == "eagle:auto" and r.get("predicted_speedup") is not None:
-            pred[k][0] += r["predicted_speedup"] * r["new_tokens"]; pred[k][1] += r["new_tokens"]
-    keys = sorted({k[:3] for k in g})
-    for k in keys:
-        tps = {m: g[k + (m,)][0] / g[k + (m,)][1] for (a, b, c, m) in g if (a, b, c) == k}
-        v = tps["vanilla"]; auto = tps["eagle:auto"] / v
-        fixed = {m: s / v for m, s in tps.items() if m.startswith("eagle:chain")}
+            pred[k][0] += r["predicted_speedup"] * r["new_tokens"]
+            pred[k][1] += r["new_tokens"]
+    out = {}
+    for k in sorted({key[:3] for key in tok}):
+        tps = {key[3]: n / s for key, (n, s) in tok.items() if key[:3] == k}
+        ratios = [d["eagle:auto"] / d["vanilla"] for kk, d in per.items() if kk[:3] == k
+                  and "eagle:auto" in d and "vanilla" in d]
+        out[k] = {"vanilla": tps["vanilla"], "ratio": {m: v / tps["vanilla"] for m, v in tps.items()},
+                  "per_prompt": ratios, "prompts": sum(1 for kk in per if kk[:3] == k),
+                  "predicted": pred[k][0] / pred[k][1] if pred[k][1] else float("nan")}
+    return out
+
+
+def main(dirs):
+    runs = collections.defaultdict(list)  # cell -> one entry per run
+    mismatches = 0
+    for d in dirs:
+        records = [json.loads(line) for line in open(f"{d}/records.jsonl")]
+        mismatches += sum(bool(r.get("mismatch")) for r in records)
+        for k, cell in cell_ratios(records).items():
+            runs[k].append(cell)
+    order = list(dict.fromkeys(k[0] for k in runs))  # datasets in the order given
+    for k in sorted(runs, key=lambda k: (order.index(k[0]), k[1], k[2])):
+        cells = runs[k]
+        med = lambda f: statistics.median(f(c) for c in cells)  # noqa: E731
+        auto = med(lambda c: c["ratio"]["eagle:auto"])
+        fixed = {m: med(lambda c, m=m: c["ratio"][m]) for m in cells[0]["ratio"] if m.startswith("eagle:chain")}
         best = max(fixed, key=fixed.get)
-        ratios = [d["eagle:auto"] / d["vanilla"] for kk, d in per.items() if kk[:3] == k and "eagle:auto" in d and "vanilla" in d]
-        p = pred[k][0] / pred[k][1] if pred[k][1] else float("nan")
-        n = sum(1 for kk in per if kk[:3] == k)
-        print(f"| {k[0]} | {k[1]:g} | {k[2]} | {n} | {v:.1f} | **{auto:.3f}x** | {statistics.median(ratios):.3f}x | "
+        pred = med(lambda c: c["predicted"])
+        autos = [c["ratio"]["eagle:auto"] for c in cells]
+        spread = f" ({min(autos):.3f}-{max(autos):.3f}, {len(cells)} runs)" if len(cells) > 1 else ""
+        print(f"| {k[0]} | {k[1]:g} | {k[2]} | {cells[0]['prompts']} | {med(lambda c: c['vanilla']):.1f} | "
+              f"**{auto:.3f}x**{spread} | {statistics.median(r for c in cells for r in c['per_prompt']):.3f}x | "
               f"{' / '.join(f'{fixed[m]:.2f}' for m in sorted(fixed))} | {best.split(':')[1]} {fixed[best]:.2f}x | "
-              f"{'yes' if auto >= 0.98 else 'no'} | {'yes' if auto >= fixed[best] * 0.95 else 'no'} | {p:.2f}x | {p / auto:.2f} |")
-    print("greedy mismatches:", mism, file=sys.stderr)
+              f"{'yes' if auto >= 0.98 else 'no'} | {'yes' if auto >= fixed[best] * 0.95 else 'no'} | {pred:.2f}x | "
+              f"{pred / auto:.2f} |")
+    print("greedy mismatches:", mismatches, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
