@@ -324,6 +324,7 @@ def load_or_calibrate(target, make_proposer, candidates: Mapping[str, object], c
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(_to_json(table), indent=1))
     os.replace(tmp, path)
+    log.info("calibrated speculation costs for %s on this machine (cached in %s)", target.name, path)
     return table, True
 
 
@@ -372,12 +373,9 @@ def calibration_for(target, head, head_dir: Path, opts, recalibrate: bool = Fals
         return EagleProposer(head, tree, alignment=opts.alignment)
 
     cands = calibration_candidates(opts)
-    costs, measured = load_or_calibrate(target, make, {c.label: c for c in cands}, cache_root(),
-                                        head_id=f"{head_fingerprint(head_dir)}:{head_precision(head)}",
-                                        precision=_runtime_label(target.model), recalibrate=recalibrate)
-    if measured and not costs.implausible():
-        log.info("calibrated speculation costs for %s on this machine (cached under %s)", target.name, cache_root())
-    return costs, measured
+    return load_or_calibrate(target, make, {c.label: c for c in cands}, cache_root(),
+                             head_id=f"{head_fingerprint(head_dir)}:{head_precision(head)}",
+                             precision=_runtime_label(target.model), recalibrate=recalibrate)
 
 
 def adaptive_dispatcher(target, head, head_dir: Path, opts):

@@ -555,8 +555,9 @@ def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
     ids: tuple[int, ...] = ()
     if want_aux:
         ids = cfg.feature_layer_ids or HeadConfig.for_target(target.model.args, "eagle3").feature_layer_ids
+    record_ids = [r.id for r in records]
     if cfg.eval_ids is not None:
-        train_idx, eval_idx = split_by_ids([r.id for r in records], read_ids(cfg.eval_ids), cfg.eval_records)
+        train_idx, eval_idx = split_by_ids(record_ids, read_ids(cfg.eval_ids), cfg.eval_records)
     else:
         train_idx, eval_idx = split_indices(len(records), cfg.eval_records, cfg.seed)
     train = OnlineFeatures(target.model, records, train_idx, cfg.batch_size, ids, cfg.seed, info.world_size,
@@ -564,7 +565,7 @@ def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
     ev = OnlineFeatures(target.model, records, eval_idx, cfg.batch_size, ids, cfg.seed, 1, 0, cfg.max_len) \
         if eval_idx else None
     return _Data(train, ev, train_idx, eval_idx, lambda i: (records[i].input_ids, records[i].loss_mask), ids,
-                 [r.id for r in records])
+                 record_ids)
 
 
 def _features(batch: FeatureBatch, kind: str) -> Tensor:
