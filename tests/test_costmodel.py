@@ -234,7 +234,7 @@ def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
         d = AdaptiveDispatcher(costs, repick_every=2, probe_every=3)
         seen = []
         orig = d.pick
-        d.pick = lambda b, rows=None: seen.append(orig(b, rows)) or seen[-1]
+        d.pick = lambda b, rows=None, context=None: seen.append(orig(b, rows, context)) or seen[-1]
         runs.append(_greedy_runs(target, EagleProposer(make_head(target, "eagle3"), d), prompts))
         picks.append([c.label for c in seen])
     assert runs[0] == vanilla and runs[1] == vanilla
@@ -287,8 +287,8 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
     steps = []
     orig = d.pick
 
-    def pick(b, rows=None):
-        cfg = orig(b, rows)
+    def pick(b, rows=None, context=None):
+        cfg = orig(b, rows, context)
         steps.append((cfg.label, d.step))
         return cfg
 
@@ -653,3 +653,87 @@ def test_a_burst_of_load_during_one_reading_does_not_set_a_trees_cost(monkeypatc
     got = cal.measure_draft(target, lambda tree: tree, trees, (1,))
     assert got[(1, "chain1")] == pytest.approx(0.002) and got[(1, "chain2")] == pytest.approx(0.004)
     assert order == ["chain1", "chain2"] * 3  # rounds over the trees
+
+
+def test_a_verified_token_costs_more_in_a_longer_context_and_can_flip_the_choice():
+    """Every verified token attends to the whole context: a chain that pays at a short context can lose at a
+    long one, where its extra token costs more (slopes as measured on a 2-core Xeon, in seconds per context token)."""
+    verify = {(1, 1): 0.0090, (1, 2): 0.0095, (1, 4): 0.0110}
+    slope = {(1, 1): 5.6e-6, (1, 2): 8.0e-6, (1, 4): 12.0e-6}
+    costs = CostTable(verify, {(1, "chain1"): 0.0015}, context=slope, prefix=128)
+    assert costs.verify_cost(1, 2) == pytest.approx(0.0095)  # no context given: the calibrated prefix's cost
+    assert costs.verify_cost(1, 2, 128) == pytest.approx(0.0095)
+    assert costs.verify_cost(1, 2, 1128) == pytest.approx(0.0095 + 1000 * 8.0e-6)
+    assert costs.verify_cost(1, 3, 628) == pytest.approx(0.01025 + 500 * 10.0e-6)  # interpolated along n
+    tracker = AcceptanceTracker(prior=(0.25,), weight=1e6)  # chain 1: 1.25 tokens a step
+    cands = {"chain1": (2, 1)}
+    short, long = choose(costs, 1, cands, tracker, 1.02, 128), choose(costs, 1, cands, tracker, 1.02, 2048)
+    assert short.label == "chain1" and short.predicted_speedup == pytest.approx(1.25 * 0.009 / 0.011)
+    assert long.label == "none"
+    assert predicted_speedup(costs, 1, "chain1", 2, 1.25, 2048) < 1.0
+
+
+def test_context_slopes_are_capped_by_larger_forwards_and_never_negative():
+    verify = {(b, n): 0.01 * b * n for b in (1, 2) for n in (1, 2)}
+    slope = {(1, 1): 9e-6, (1, 2): 2e-6, (2, 1): -1e-6, (2, 2): 3e-6}  # noise: (1, 1) above (1, 2), (2, 1) < 0
+    costs = CostTable(verify, {}, context=slope, prefix=100)
+    assert costs.context_envelope == pytest.approx({(1, 1): 0.0, (1, 2): 2e-6, (2, 1): 0.0, (2, 2): 3e-6})
+    assert costs.verify_cost(2, 1, 50) == pytest.approx(0.02)  # a shorter context than calibrated: never negative slope
+
+
+def test_calibration_measures_the_cost_per_context_token(monkeypatch):
+    from types import SimpleNamespace
+
+    from eaglespec.engine import calibrate as cal
+
+    asked = []
+
+    def verify_at(model, batches, tokens, prefix):  # 10 ms + 4 us per context token per verified token
+        asked.append(prefix)
+        return {(b, n): 0.010 + 4e-6 * n * prefix for b in batches for n in tokens}
+
+    monkeypatch.setattr(cal, "measure_verify", verify_at)
+    model = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=2048))
+    base = verify_at(model, (1, 4), (1, 2), 128)
+    got = cal.measure_context(model, base, (1, 4), (1, 2), 128, (320, 512))
+    assert asked == [128, 320, 512] and got == pytest.approx({(b, n): 4e-6 * n for b in (1, 4) for n in (1, 2)})
+    small = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=400))  # holds 320 + 2 + 1, not 512
+    assert set(cal.measure_context(small, base, (1, 4), (1, 2), 128, (320, 512))) == set(base)
+    assert asked[-1] == 320
+    assert cal.measure_context(SimpleNamespace(args=SimpleNamespace(max_position_embeddings=200)), base,
+                               (1, 4), (1, 2), 128, (320, 512)) == {}
+    table = CostTable(base, {}, context=got, prefix=128)
+    again = cal._from_json(cal._to_json(table))
+    assert again.context == pytest.approx(got) and again.prefix == 128
+    assert again.verify_cost(4, 2, 1000) == pytest.approx(table.verify_cost(4, 2, 1000))
+
+
+def test_a_paused_run_too_short_to_catch_up_counts_no_stall():
+    """The paused step's price counts the run's catch-ups, one per max_lag recorded pairs, and nothing else: a
+    stall of the machine in a run that never caught up is not a catch-up."""
+    from types import SimpleNamespace
+
+    from eaglespec.engine import calibrate as cal
+
+    steps = [0.010] * 128
+    steps[40] = 0.030  # a stall
+    assert cal._catch_up_excess(steps, SimpleNamespace(max_lag=256)) == 0.0
+    caught = [0.050 if i % 32 == 31 else 0.010 for i in range(128)]  # 4 catch-ups of 40 ms excess
+    caught[5] = 0.030  # and a stall, smaller than any catch-up
+    assert cal._catch_up_excess(caught, SimpleNamespace(max_lag=32)) == pytest.approx(4 * 0.040 / 128)
+
+
+def test_a_paused_batch_chooses_again_once_its_context_has_grown():
+    from eaglespec.spec import dispatch
+
+    costs = CostTable({(1, 1): 0.009, (1, 2): 0.0095}, {(1, "chain1"): 0.0015},
+                      context={(1, 1): 5.6e-6, (1, 2): 8e-6}, prefix=128)
+    d = dispatch.AdaptiveDispatcher(costs, [Chain(1)], prior=AcceptanceTracker(prior=(0.25,), weight=1e6),
+                                    repick_every=1, probe_every=1000, max_probe_every=1000)
+    d.start_row(0)
+    assert d.pick(1, [0], context=128).drafts
+    d.observe([0], Chain(1), [1])
+    d.observe([0], Chain(1), [0])
+    assert d.pick(1, [0], context=130).drafts
+    assert not d.pick(1, [0], context=130 + dispatch.CONTEXT_BUCKET * 30).drafts  # ~2K tokens: paused
+    assert d.last.label == "none"

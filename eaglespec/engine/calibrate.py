@@ -3,7 +3,8 @@
 What a speculative step costs depends on the CPU (a 2-token float32 forward costs 1.07x a 1-token one on one
 Xeon, 1.66x on one EPYC), the precision, the thread count and the batch size, so no table tuned elsewhere can
 say which tree pays. ``calibrate`` measures, with warm-up:
-  * verify(b, n): a target forward of n tokens per row at batch b over a fixed prefix;
+  * verify(b, n): a target forward of n tokens per row at batch b over a fixed prefix, and again over two
+    longer ones: its cost per context token (every verified token attends to the whole context);
   * overhead(b): the engine's per-step work beyond the forward (verification, sampling, host read): the
     median plain engine step, each step timed on its own, less verify(b, 1); every step pays it;
   * draft(b, shape): what each candidate tree shape costs per step beyond its forward and the overhead, by
@@ -42,11 +43,13 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # less forward and overhead, cheap forwards timed up to 7 times, the paused step's cost; 6: a longer chain's
 # drafting never reads cheaper than a shorter chain's; 7: the paused step over at most 132 steps (a buffer of
 # 256 pairs: the catch-up is paid when drafting resumes, not while paused); 8: eager norms in one kernel call
-# (every eager cost moved); 9: a tree's drafting is the median of 3 readings taken in rounds over the trees
-CALIBRATION_VERSION = 9
+# (every eager cost moved); 9: a tree's drafting is the median of 3 readings taken in rounds over the trees;
+# 10: verify costs per context token; the paused step counts only the catch-ups its run made
+CALIBRATION_VERSION = 10
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
+LONG_PREFIXES = (320, 512)  # the context slope: a least-squares line through PREFIX and these
 PAUSED_STEPS = 128  # a paused stretch as long as a typical request's generation
 
 
@@ -76,6 +79,29 @@ def _time(fn, warmup: int = 1, reps: int = 2, max_reps: int = 7, budget_s: float
         dt = time.perf_counter() - t
         best, spent, n = min(best, dt), spent + dt, n + 1
     return best
+
+
+@torch.inference_mode()
+def measure_context(model, base: Mapping[tuple[int, int], float], batches: Sequence[int] | None = None,
+                    tokens: Sequence[int] | None = None, prefix: int | None = None,
+                    longer: Sequence[int] | None = None) -> dict[tuple[int, int], float]:
+    """Seconds per context token of each verify(b, n): the forwards of ``base`` (measured over ``prefix``
+    cached tokens) measured again over each of ``longer`` prefixes, the slope of the least-squares line through
+    the points. Prefixes the model's context cannot hold are left out; with none left, no slopes ({})."""
+    batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
+    room = int(getattr(model.args, "max_position_embeddings", 0) or 0) - max(tokens) - 1
+    longer = [p for p in (longer or LONG_PREFIXES) if prefix < p <= room]
+    if not longer:
+        return {}
+    at = {p: measure_verify(model, batches, tokens, p) for p in longer}
+    xs = [prefix, *longer]
+    mx = sum(xs) / len(xs)
+    out = {}
+    for key, s0 in base.items():
+        ys = [s0, *(at[p][key] for p in longer)]
+        my = sum(ys) / len(ys)
+        out[key] = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return out
 
 
 @torch.inference_mode()
@@ -180,8 +206,9 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                 forwards = long.target_forwards - short.target_forwards
                 cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
                     long.draft_s / max(long.target_forwards, 1)
-                if costs is not None and times:
-                    cost = max(cost, statistics.median(times) - costs.verify_cost(b, tree.num_nodes))
+                if costs is not None and times:  # the median step sits mid-run: its context, roughly
+                    context = len(prompt) + LONG_STEPS // 2
+                    cost = max(cost, statistics.median(times) - costs.verify_cost(b, tree.num_nodes, context))
                 readings.setdefault((b, label), []).append(cost)
     out = {key: statistics.median(values) for key, values in readings.items()}
     for label in trees:
@@ -251,34 +278,52 @@ def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, 
             paused, _ = _step_times(target, proposer, b, steps, prompt)
             plain, _ = _step_times(target, None, b, steps, prompt)
             mid = statistics.median(paused)
-            spikes = sum(t - mid for t in paused if t > 1.5 * mid) / max(len(paused), 1)
-            diffs.append(max(0.0, mid - statistics.median(plain)) + spikes)
+            diffs.append(max(0.0, mid - statistics.median(plain)) + _catch_up_excess(paused, proposer))
         out[b] = statistics.median(diffs)
     _interpolate(out, batches, measured)
     return out
+
+
+def _catch_up_excess(paused: Sequence[float], proposer) -> float:
+    """The catch-ups' excess over the median paused step, spread over all steps: the run catches up once per
+    ``max_lag`` recorded pairs, so its that many slowest steps (those above 1.5x the median), and no others:
+    until 2026-11-26 every step above 1.5x the median counted, and in runs too short to catch up at all (the
+    default buffer of 256 pairs) that counted only the machine's stalls: 0.44 ms at batch 1 on a 2-core Xeon
+    where the paused and the plain median steps differed by -0.1 to -0.25 ms (0.05-0.17 at batch 4), which
+    priced pausing at a 5% loss and had `--tree auto` draft a chain of 1 that lost 2-3% at T=1."""
+    lag = int(getattr(proposer, "max_lag", 0))
+    if not paused or lag <= 0:
+        return 0.0
+    mid = statistics.median(paused)
+    slowest = sorted(paused, reverse=True)[: len(paused) // lag]
+    return sum(t - mid for t in slowest if t > 1.5 * mid) / len(paused)
 
 
 def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
               head_id: str = "", precision: str = "float32") -> CostTable:
     t0 = time.perf_counter()
     verify = measure_verify(target.model, batches)
+    context = measure_context(target.model, verify, batches)
     overhead = measure_overhead(target, CostTable(verify, {}).envelope, batches)
-    draft = measure_draft(target, make_proposer, candidates, batches, CostTable(verify, {}, overhead=overhead))
+    draft = measure_draft(target, make_proposer, candidates, batches,
+                          CostTable(verify, {}, overhead=overhead, context=context, prefix=PREFIX))
     paused = measure_paused(target, make_proposer, batches)
     log.info("calibrated %d verify and %d draft costs in %.1f s", len(verify), len(draft), time.perf_counter() - t0)
-    return CostTable(verify, draft, _fingerprint(), overhead, paused)
+    return CostTable(verify, draft, _fingerprint(), overhead, paused, context, PREFIX)
 
 
 def _to_json(t: CostTable) -> dict:
     return {"fingerprint": t.fingerprint, "verify": [[b, n, s] for (b, n), s in sorted(t.verify.items())],
             "draft": [[b, lab, s] for (b, lab), s in sorted(t.draft.items())],
             "overhead": [[b, s] for b, s in sorted(t.overhead.items())],
-            "paused": [[b, s] for b, s in sorted(t.paused.items())]}
+            "paused": [[b, s] for b, s in sorted(t.paused.items())],
+            "context": [[b, n, s] for (b, n), s in sorted(t.context.items())], "prefix": t.prefix}
 
 
 def _from_json(d: dict) -> CostTable:
     return CostTable({(b, n): s for b, n, s in d["verify"]}, {(b, lab): s for b, lab, s in d["draft"]},
-                     d.get("fingerprint", ""), {b: s for b, s in d["overhead"]}, {b: s for b, s in d.get("paused", [])})
+                     d.get("fingerprint", ""), {b: s for b, s in d["overhead"]}, {b: s for b, s in d.get("paused", [])},
+                     {(b, n): s for b, n, s in d.get("context", [])}, int(d.get("prefix", 0)))
 
 
 def _runtime_label(model) -> str:
@@ -405,6 +450,13 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
 
     for b in batches:
         lines.append(f"{b:5d} | " + " | ".join(cell(b, n) for n in ns))
+    if costs.context:
+        lines += ["", f"context: ms more per 100 tokens of context beyond the {costs.prefix} above (each verified "
+                  "token attends to all of them)", "batch | " + " | ".join(f"n={n:<5d}" for n in ns)]
+        for b in batches:
+            lines.append(f"{b:5d} | " + " | ".join(
+                f"{1e5 * costs.context_envelope[(b, n)]:6.2f} " if (b, n) in costs.context_envelope else "      -"
+                for n in ns))
     if costs.overhead:
         lines += ["", "engine overhead per step (ms, added to every step below): " +
                   ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.overhead.items()))]

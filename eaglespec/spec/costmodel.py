@@ -4,7 +4,13 @@ A step with tree shape s at batch size b costs ``draft(s, b) + verify(nodes(s), 
 ``E[tokens | s]`` tokens per row (the accepted draft tokens plus the bonus token). Its throughput relative to
 plain decoding is
 
-    speedup(s, b) = E[tokens | s] * verify(1, b) / (draft(s, b) + verify(nodes(s), b))
+    speedup(s, b, L) = E[tokens | s] * verify(1, b, L) / (draft(s, b) + verify(nodes(s), b, L))
+
+where L is the batch's mean context (tokens already in each row's cache): every verified token attends to
+the whole context, so an extra token in the tree costs more in a long conversation than in a short one (on a
+2-core Xeon, a 2-token forward cost 0.8 ms more than a 1-token one at a 128-token context and 1.0-1.4 ms at
+256-512; a 4-token one 2.2 and 3.5 ms: priced at 128 tokens, a chain of 1 looked 3-4% cheaper against plain
+decoding than the benchmark measured it).
 
 and the dispatcher runs the shape with the highest predicted speedup, ``none`` (speedup 1 by definition)
 when nothing beats it. The costs come from a calibration on this machine (``calibrate.py``); the expected
@@ -50,6 +56,10 @@ class CostTable:
     step carry it alike (without it, a tree's relative cost is overstated: a 2-node chain measured 1.16x a
     plain step in the engine, 1.20x as bare forwards). Missing entries are interpolated along n.
 
+    ``context[(b, n)]`` is the extra seconds of that forward per context token beyond ``prefix`` (the context
+    at which ``verify`` was measured): ``verify_cost(b, n, L) = verify(b, n) + context(b, n) * (L - prefix)``,
+    both interpolated along n; without it (or without L) the cost is the one at ``prefix``.
+
     The model uses the verify costs through ``envelope``: a forward of more rows or more tokens cannot cost
     less, and on a shared machine a stall only ever adds time, so each verify(b, n) is capped by the
     measurements at every b' >= b and n' >= n. One stalled measurement of verify(b, 1) would otherwise make
@@ -65,25 +75,23 @@ class CostTable:
     """Seconds a paused step (``none`` under a head) costs beyond a plain step at batch b: recording the step's
     pair and, amortized, the draft cache's catch-up over the recorded pairs. Keeping the head ready is not
     free: 2-5% a step on a 2-core EPYC, more than a chain that breaks even costs."""
+    context: dict[tuple[int, int], float] = field(default_factory=dict)
+    prefix: int = 0
     envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+    context_envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.envelope = {(b, n): min(s for (b2, n2), s in self.verify.items() if b2 >= b and n2 >= n)
-                         for b, n in self.verify}
+        self.envelope = _envelope(self.verify)
+        # per-token slopes are differences of noisy forwards: capped the same way (a larger forward's slope
+        # bounds a smaller one's) and never negative
+        self.context_envelope = {k: max(0.0, s) for k, s in _envelope(self.context).items()}
 
-    def verify_cost(self, batch: int, n: int) -> float:
+    def verify_cost(self, batch: int, n: int, context: float | None = None) -> float:
         b = self._batch(batch)
-        v = self.envelope
-        ns = sorted(k[1] for k in v if k[0] == b)
-        extra = self.overhead.get(b, 0.0)
-        if n in ns:
-            return v[(b, n)] + extra
-        lo = max((x for x in ns if x < n), default=ns[0])
-        hi = min((x for x in ns if x > n), default=ns[-1])
-        if lo == hi:  # outside the measured range: scale the nearest linearly in n
-            return v[(b, lo)] * n / lo + extra
-        t = (n - lo) / (hi - lo)
-        return (1 - t) * v[(b, lo)] + t * v[(b, hi)] + extra
+        cost = _along_n(self.envelope, b, n) + self.overhead.get(b, 0.0)
+        if context is not None and self.context_envelope and any(k[0] == b for k in self.context_envelope):
+            cost += _along_n(self.context_envelope, b, n) * (context - self.prefix)
+        return max(cost, 0.0)
 
     def implausible(self, factor: float = 5.0, slack: float = 0.005, paused_share: float = 0.08,
                     paused_floor: float = 0.0005) -> list[str]:
@@ -132,6 +140,24 @@ class CostTable:
         """The nearest measured batch size at or below ``batch`` (or the smallest)."""
         bs = sorted({k[0] for k in self.verify})
         return max((b for b in bs if b <= batch), default=bs[0])
+
+
+def _envelope(table: Mapping[tuple[int, int], float]) -> dict[tuple[int, int], float]:
+    """Each (b, n) capped by the measurements at every b' >= b and n' >= n."""
+    return {(b, n): min(s for (b2, n2), s in table.items() if b2 >= b and n2 >= n) for b, n in table}
+
+
+def _along_n(table: Mapping[tuple[int, int], float], b: int, n: int) -> float:
+    """table[(b, n)], linearly interpolated between the measured n (beyond them: the nearest, scaled by n)."""
+    ns = sorted(k[1] for k in table if k[0] == b)
+    if n in ns:
+        return table[(b, n)]
+    lo = max((x for x in ns if x < n), default=ns[0])
+    hi = min((x for x in ns if x > n), default=ns[-1])
+    if lo == hi:  # outside the measured range: scale the nearest linearly in n
+        return table[(b, lo)] * n / lo
+    t = (n - lo) / (hi - lo)
+    return (1 - t) * table[(b, lo)] + t * table[(b, hi)]
 
 
 @dataclass
@@ -210,39 +236,40 @@ class Choice:
         return self.predicted_speedup * self.step_s / self.expected_tokens
 
 
-def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expected_tokens: float) -> float | None:
-    """E[tokens] * verify(b, 1) / (draft + verify(b, nodes)); None when the shape's draft cost is unmeasured.
-    ``none`` (a paused step, the head kept ready): verify(b, 1) / (verify(b, 1) + paused(b)), 1 without a
-    measured paused cost."""
+def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expected_tokens: float,
+                      context: float | None = None) -> float | None:
+    """E[tokens] * verify(b, 1, L) / (draft + verify(b, nodes, L)); None when the shape's draft cost is
+    unmeasured. ``none`` (a paused step, the head kept ready): verify(b, 1, L) / (verify(b, 1, L) + paused(b)),
+    1 without a measured paused cost. ``context``: the batch's mean context L (None: the calibrated prefix)."""
+    v1 = costs.verify_cost(batch, 1, context)
     if label == PLAIN:
-        v1 = costs.verify_cost(batch, 1)
         return v1 / (v1 + costs.paused_cost(batch))
     draft = costs.draft_cost(batch, label)
     if draft is None:
         return None
-    return expected_tokens * costs.verify_cost(batch, 1) / (draft + costs.verify_cost(batch, nodes))
+    return expected_tokens * v1 / (draft + costs.verify_cost(batch, nodes, context))
 
 
-def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, tracker: AcceptanceTracker
-          ) -> Choice | None:
+def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, tracker: AcceptanceTracker,
+          context: float | None = None) -> Choice | None:
     """The prediction for one shape (``none``: speedup 1); None when its draft cost is unmeasured."""
     if label == PLAIN:
-        return Choice(PLAIN, predicted_speedup(costs, batch, PLAIN, 1, 1.0), 1.0,
-                      costs.verify_cost(batch, 1) + costs.paused_cost(batch))
+        return Choice(PLAIN, predicted_speedup(costs, batch, PLAIN, 1, 1.0, context), 1.0,
+                      costs.verify_cost(batch, 1, context) + costs.paused_cost(batch))
     e = tracker.expected_tokens(label, depth)
-    s = predicted_speedup(costs, batch, label, nodes, e)
+    s = predicted_speedup(costs, batch, label, nodes, e, context)
     if s is None:
         return None
-    return Choice(label, s, e, costs.draft_cost(batch, label) + costs.verify_cost(batch, nodes))
+    return Choice(label, s, e, costs.draft_cost(batch, label) + costs.verify_cost(batch, nodes, context))
 
 
 def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int]], tracker: AcceptanceTracker,
-           margin: float = 1.0) -> Choice:
-    """The candidate (label -> (nodes, depth)) with the best predicted speedup; ``none`` unless something
-    beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise)."""
-    best = score(costs, batch, PLAIN, 1, 0, tracker)
+           margin: float = 1.0, context: float | None = None) -> Choice:
+    """The candidate (label -> (nodes, depth)) with the best predicted speedup at mean context ``context``;
+    ``none`` unless something beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise)."""
+    best = score(costs, batch, PLAIN, 1, 0, tracker, context)
     for label, (nodes, depth) in candidates.items():
-        c = None if label == PLAIN else score(costs, batch, label, nodes, depth, tracker)
+        c = None if label == PLAIN else score(costs, batch, label, nodes, depth, tracker, context)
         if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == PLAIN else 1.0):
             best = c
     return best

@@ -6,7 +6,8 @@ per-request acceptance (``costmodel.py`` has the formulas).
   sampled requests pool apart: a sampled request accepts less (its draft must match a random draw, not the
   argmax), so a server mixing both would otherwise start its sampled requests from greedy acceptance.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
-  per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size.
+  per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size and the
+  rows' mean context (a verified token costs more in a longer context).
 * A batch that stopped drafting (choice ``none``) probes: after ``probe_every`` steps it drafts the cheapest
   candidate for ``probe_steps`` steps in a row and then chooses again, so acceptance that recovers is seen
   again; each probe after which drafting still does not
@@ -28,6 +29,8 @@ from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, TreeStrategy
 
 __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES"]
 
+
+CONTEXT_BUCKET = 64  # tokens of context growth after which a paused batch's choice is made again
 
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
@@ -63,6 +66,7 @@ class AdaptiveDispatcher:
         self._chosen_on: tuple | None = None  # (batch size, rows, observations) of the latest choice
         self._since_draft = 0
         self._active_rows: list[int] = []
+        self._context: float | None = None
 
     def __repr__(self) -> str:
         return f"AdaptiveDispatcher(candidates={list(self.candidates)}, calibrated on {self.costs.fingerprint!r})"
@@ -107,21 +111,25 @@ class AdaptiveDispatcher:
             shapes[label] = (sum(s / w for s, w in have) / len(have), 1.0)
         return AcceptanceTracker(1.0, tuple(rates), 1.0, shape_tokens=shapes)
 
-    def pick(self, batch_size: int, rows: Sequence[int] | None = None) -> TreeStrategy:
+    def pick(self, batch_size: int, rows: Sequence[int] | None = None, context: float | None = None) -> TreeStrategy:
+        """context: the rows' mean committed length (None: priced at the calibration's context)."""
         rows = rows if rows is not None else list(self.rows)
+        self._context = context
         if self._probe_left > 0:  # inside a probe run: keep drafting the probe, re-choose right after it
             self._probe_left -= 1
             self._steps += 1
             return self._probe_step(batch_size, rows)
         # Re-choose every repick_every steps, but only on new evidence: while paused nothing is observed, and
-        # the same answer cost ~0.1 ms a step on the 2-core EPYC (~1% of a paused step).
-        evidence = (batch_size, tuple(rows), self._observed)
+        # the same answer cost ~0.1 ms a step on the 2-core EPYC (~1% of a paused step); a context grown by
+        # CONTEXT_BUCKET tokens is new evidence too.
+        bucket = None if context is None else int(context) // CONTEXT_BUCKET
+        evidence = (batch_size, tuple(rows), self._observed, bucket)
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
             tracker = self._batch_tracker(rows)
             cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
-            self.last = choose(self.costs, batch_size, cands, tracker, self.margin)
+            self.last = choose(self.costs, batch_size, cands, tracker, self.margin, context)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
@@ -143,6 +151,6 @@ class AdaptiveDispatcher:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""
         cfg = self._probe
         self.step = score(self.costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
-                          self._batch_tracker(rows)) or self.last
+                          self._batch_tracker(rows), self._context) or self.last
         self._probe_done = self._probe_left == 0
         return cfg

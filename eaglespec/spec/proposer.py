@@ -174,7 +174,9 @@ class EagleProposer:
         self._host = host
         row_ids = host.rows if host is not None else None
         if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
-            cfg = self.dispatcher.pick(int(rows.numel()), list(row_ids) if row_ids is not None else rows.tolist())
+            context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
+            cfg = self.dispatcher.pick(int(rows.numel()), list(row_ids) if row_ids is not None else rows.tolist(),
+                                       context)
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
