@@ -286,11 +286,12 @@ def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, 
 
 def _catch_up_excess(paused: Sequence[float], proposer) -> float:
     """The catch-ups' excess over the median paused step, spread over all steps: the run catches up once per
-    ``max_lag`` recorded pairs, so its that many slowest steps (those above 1.5x the median), and no others:
-    until 2026-11-26 every step above 1.5x the median counted, and in runs too short to catch up at all (the
-    default buffer of 256 pairs) that counted only the machine's stalls: 0.44 ms at batch 1 on a 2-core Xeon
-    where the paused and the plain median steps differed by -0.1 to -0.25 ms (0.05-0.17 at batch 4), which
-    priced pausing at a 5% loss and had `--tree auto` draft a chain of 1 that lost 2-3% at T=1."""
+    ``max_lag`` recorded pairs, so that many of its slowest steps count (those above 1.5x the median), and no
+    others. Until 2026-11-26 every step above 1.5x the median counted, and in runs too short to catch up at all
+    (the default buffer of 256 pairs) that counted only the machine's stalls: 0.44 ms at batch 1 on a 2-core
+    Xeon where the paused and the plain median steps differed by -0.1 to -0.25 ms (0.05-0.17 at batch 4).
+    (In the benchmark a paused request costs 2-3% more than that, through the catch-ups its probes pay, which
+    this run, held at ``none``, does not make: docs/DISPATCH.md, "Measured".)"""
     lag = int(getattr(proposer, "max_lag", 0))
     if not paused or lag <= 0:
         return 0.0

@@ -9,8 +9,7 @@ plain decoding is
 where L is the batch's mean context (tokens already in each row's cache): every verified token attends to
 the whole context, so an extra token in the tree costs more in a long conversation than in a short one (on a
 2-core Xeon, a 2-token forward cost 0.8 ms more than a 1-token one at a 128-token context and 1.0-1.4 ms at
-256-512; a 4-token one 2.2 and 3.5 ms: priced at 128 tokens, a chain of 1 looked 3-4% cheaper against plain
-decoding than the benchmark measured it).
+256-512; a 4-token one 2.2 and 3.5 ms; at batch 4 a 1-token forward itself grew from 12.2 to 17.9 ms).
 
 and the dispatcher runs the shape with the highest predicted speedup, ``none`` (speedup 1 by definition)
 when nothing beats it. The costs come from a calibration on this machine (``calibrate.py``); the expected
