@@ -42,7 +42,9 @@ def test_logits_match_hf(default):
     with torch.inference_mode():
         ours = target.model(ids, torch.arange(ids.shape[1])[None], cache, logits_at="all").logits
         ref = hf(ids).logits.float()
-    assert (ours - ref).abs().max().item() <= 1e-4
+    # float32 through 30 layers: summation order differs between CPU kernels (1.09e-4 at most on a 2-core Xeon,
+    # below 1e-4 on the EPYC); 1e-4 plus 1e-5 of the logit's size (~20 here) bounds both without hiding a real bug
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
 
 
 def test_greedy_generation_matches_hf(default):
