@@ -78,17 +78,19 @@ class CostTable:
     prefix: int = 0
     envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     context_envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+    _context_batches: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.envelope = _envelope(self.verify)
         # per-token slopes are differences of noisy forwards: capped the same way (a larger forward's slope
         # bounds a smaller one's) and never negative
         self.context_envelope = {k: max(0.0, s) for k, s in _envelope(self.context).items()}
+        self._context_batches = frozenset(b for b, _ in self.context_envelope)
 
     def verify_cost(self, batch: int, n: int, context: float | None = None) -> float:
         b = self._batch(batch)
         cost = _along_n(self.envelope, b, n) + self.overhead.get(b, 0.0)
-        if context is not None and self.context_envelope and any(k[0] == b for k in self.context_envelope):
+        if context is not None and b in self._context_batches:
             cost += _along_n(self.context_envelope, b, n) * (context - self.prefix)
         return max(cost, 0.0)
 

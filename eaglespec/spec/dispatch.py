@@ -63,7 +63,7 @@ class AdaptiveDispatcher:
         self._current: TreeStrategy = self.none
         self._steps = 0
         self._observed = 0  # verifications observed so far: the acceptance evidence changes only with them
-        self._chosen_on: tuple | None = None  # (batch size, rows, observations) of the latest choice
+        self._chosen_on: tuple | None = None  # (batch size, rows, observations, context bucket) of the latest choice
         self._since_draft = 0
         self._active_rows: list[int] = []
         self._context: float | None = None
