@@ -234,7 +234,7 @@ def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
         d = AdaptiveDispatcher(costs, repick_every=2, probe_every=3)
         seen = []
         orig = d.pick
-        d.pick = lambda b, rows=None, context=None: seen.append(orig(b, rows, context)) or seen[-1]
+        d.pick = lambda b, rows=None, context=None, **kw: seen.append(orig(b, rows, context, **kw)) or seen[-1]
         runs.append(_greedy_runs(target, EagleProposer(make_head(target, "eagle3"), d), prompts))
         picks.append([c.label for c in seen])
     assert runs[0] == vanilla and runs[1] == vanilla
@@ -287,8 +287,8 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
     steps = []
     orig = d.pick
 
-    def pick(b, rows=None, context=None):
-        cfg = orig(b, rows, context)
+    def pick(b, rows=None, context=None, **kw):
+        cfg = orig(b, rows, context, **kw)
         steps.append((cfg.label, d.step))
         return cfg
 
@@ -437,8 +437,10 @@ def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
 def test_paused_dispatcher_probes_ever_less_often_while_drafting_does_not_pay(probe_steps):
     from eaglespec.spec.dispatch import AdaptiveDispatcher
 
-    costly = flat_costs(per_token=0.01)  # a second token doubles the step: no tree pays without acceptance
-    d = AdaptiveDispatcher(costly, repick_every=1, probe_every=2, max_probe_every=8, probe_steps=probe_steps)
+    costly = flat_costs(per_token=0.01)  # chain 1 pays above 58% depth-1 acceptance
+    # believed accepted 45% of the time whatever the probes see: not paying, but it would at 1.5 x 45%
+    d = AdaptiveDispatcher(costly, repick_every=1, probe_every=2, max_probe_every=8, probe_steps=probe_steps,
+                           prior=AcceptanceTracker(prior=(0.45,) * 8, weight=1e6))
     d.start_row(0)
     drafted = []
     for step in range(80):
@@ -476,11 +478,11 @@ def test_paused_dispatcher_chooses_again_only_on_new_evidence(monkeypatch):
     d.start_row(1)
     assert not d.pick(2, [0, 1]).drafts  # a new row (and batch size): chosen again
     assert calls == [1, 2]
-    probe = d.pick(2, [0, 1])  # the 8th paused step probes
-    assert probe.drafts and calls == [1, 2]
+    probe = d.pick(2, [0, 1])  # the 8th paused step probes (its choice at optimistic acceptance: could it pay?)
+    assert probe.drafts and calls == [1, 2, 2]
     d.observe([0, 1], probe, [0, 0])
     d.pick(2, [0, 1])  # the probe ended with new evidence: chosen again
-    assert calls == [1, 2, 2]
+    assert calls == [1, 2, 2, 2]
 
 
 def _simulate(dispatcher, accept, steps, seed):
@@ -737,3 +739,135 @@ def test_a_paused_batch_chooses_again_once_its_context_has_grown():
     assert d.pick(1, [0], context=130).drafts
     assert not d.pick(1, [0], context=130 + dispatch.CONTEXT_BUCKET * 30).drafts  # ~2K tokens: paused
     assert d.last.label == "none"
+
+
+def test_a_look_back_probe_scores_the_guesses_a_chain_would_have_drafted(monkeypatch):
+    """While paused, a probe that looks back scores the head's top-1 guess from each recorded pair against the
+    token the target committed next: the same guesses (and hence the same counts) as a chain of 1 would have
+    drafted at those steps, here read off a drafter that encodes every pair at its step (max_lag=0). Only the
+    latest LOOK_BACK pairs count; the probe's step stays plain, a head found always right drafts at the next
+    step, and the greedy tokens stay vanilla's."""
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec import proposer as prop
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from eaglespec.spec.strategies import NoDraft
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    head = make_head(target, "eagle3")
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(20, ignore_eos=True)) for p in PROMPTS[:2]]
+
+    def guess(h):  # [B, H] -> the top-1 root child a chain drafts from h [B]
+        return head.to_target_ids(head.logits(h[:, None]).argmax(dim=-1))[:, 0]
+
+    oracle = prop.EagleProposer(head, NoDraft(), max_lag=0)  # every pair encoded at its step: last_h is current
+    guesses = {0: [], 1: []}  # row -> the guess after each decode step
+    commit = oracle.commit
+
+    def record(rows, *a, **k):
+        commit(rows, *a, **k)
+        for r, g in zip(rows.tolist(), guess(oracle.last_h[rows]).tolist()):
+            guesses[r].append(g)
+
+    oracle.commit = record
+    with torch.inference_mode():
+        out = [c.token_ids for c in Engine(target, oracle, max_batch_size=2).generate(reqs)]
+    assert out == _greedy_runs(target, None, [r.prompt_ids for r in reqs], n=20)
+
+    monkeypatch.setattr(prop, "LOOK_BACK", 3)
+    # chain 1 pays above ~21% depth-1 acceptance; the head is believed at 16%: paused, and probing after 6 steps
+    # (at 1.5 x 16% it would pay)
+    d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
+                           repick_every=1, probe_every=6, max_probe_every=6)
+    seen, scored = [], []
+    observe = d.observe_look_back
+    d.observe_look_back = lambda rows, hits, tries: seen.append((list(rows), list(hits), list(tries))) or \
+        observe(rows, hits, tries)
+    lazy = prop.EagleProposer(head, d)
+    # decode step s commits out[s + 1]; the probe at step 5 scores the 5 pairs recorded so far (pair j's guess
+    # against the token of pair j + 1), the latest 3 of them: j = 1, 2, 3
+    window = range(1, 4)
+    ids = head.to_target_ids
+
+    def perfect(x):  # the look-back's guesses [B, K] answered like a head that is always right
+        if x.dim() != 2:  # drafting's children [B, nodes, k]
+            return ids(x)
+        scored.append(ids(x))  # the random head's own guesses
+        return torch.tensor([[out[r][j + 2] for j in window] for r in (0, 1)])
+
+    head.to_target_ids = perfect
+    labels = []
+    propose = lazy.propose
+    lazy.propose = lambda *a, **k: (propose(*a, **k), labels.append(lazy.step_label))[0]
+    with torch.inference_mode():
+        assert [c.token_ids for c in Engine(target, lazy, max_batch_size=2).generate(reqs)] == out
+    rows, hits, tries = seen[0]
+    assert rows == [0, 1] and tries == [3, 3] and hits == [3, 3]
+    assert scored[0].tolist() == [[guesses[r][j] for j in window] for r in (0, 1)]
+    assert labels[:6] == ["none"] * 6 and labels[6] == "chain1"  # paused until the probe, drafting right after
+
+
+def test_a_look_back_weighs_as_many_verifications_of_depth_one():
+    t = AcceptanceTracker(decay=0.9, prior=(0.5, 0.4), weight=10.0)
+    s = AcceptanceTracker(decay=0.9, prior=(0.5, 0.4), weight=10.0)
+    t.update_first(1, 4)
+    for k in (0, 1, 0, 0):  # the same evidence one verification at a time (the order changes only the weights)
+        s.update_chain(1, k)
+    assert t.tries == pytest.approx(s.tries) and t.rates()[1] == pytest.approx(0.4)
+    w = (1 - 0.9 ** 4) / 0.1
+    assert t.hits[0] == pytest.approx(5 * 0.9 ** 4 + w / 4) and t.rates()[0] < 0.5
+    t.update_first(0, 0)  # nothing scored: nothing changes
+    assert t.tries == pytest.approx(s.tries)
+    with pytest.raises(ValueError, match="hits"):
+        t.update_first(5, 4)
+
+
+def test_a_paused_dispatcher_looks_back_instead_of_drafting_and_resumes_on_what_it_saw():
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = flat_costs(per_token=0.001)  # chain 1 pays above ~21% depth-1 acceptance
+    d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.15, 0.15), weight=50.0),
+                           repick_every=1, probe_every=4, max_probe_every=8)
+    d.start_row(0)
+    due = []
+    for step in range(12):
+        cfg = d.pick(1, [0], look_back=True)
+        assert not cfg.drafts  # a look-back probe keeps the step plain
+        due.append(d.look_back_due)
+        if d.look_back_due:
+            d.observe_look_back([0], [1], [8])  # the head rarely right on the recorded pairs
+    assert [s for s, x in enumerate(due) if x] == [3, 11]  # after 4 paused steps, then 8 (the wait doubled)
+    assert not d.pick(1, [0], look_back=True).drafts
+    for _ in range(7):
+        d.pick(1, [0], look_back=True)
+    assert d.look_back_due
+    d.observe_look_back([0], [30], [32])  # acceptance recovered
+    assert d.pick(1, [0], look_back=True).drafts  # chosen again at the next step: drafting resumes
+    assert d.rows[0].rates()[0] > 0.5
+
+
+def test_a_paused_dispatcher_does_not_probe_where_no_plausible_recovery_would_pay():
+    """A probe costs a catch-up over every paused pair; it is skipped where even 1.5 x the rows' acceptance would
+    not make a tree pay (a large batch with a weak head), and made where it would (the same head at batch 1)."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = flat_costs(per_token=0.004, batches=(1, 4))  # break-even depth-1 acceptance: ~0.38 at 1, ~0.5 at 4
+    for batch, probes in ((4, 0), (1, 3)):
+        d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.3, 0.3), weight=1e6),
+                               repick_every=1, probe_every=4, max_probe_every=16)
+        rows = list(range(batch))
+        for r in rows:
+            d.start_row(r)
+        seen = 0
+        for _ in range(40):
+            assert not d.pick(batch, rows, look_back=True).drafts
+            if d.look_back_due:
+                seen += 1
+                d.observe_look_back(rows, [2] * batch, [8] * batch)
+        assert seen == probes, (batch, seen)  # at batch 1: after 4, 8 and 16 paused steps
+    with pytest.raises(ValueError, match="probe_optimism"):
+        AdaptiveDispatcher(costs, probe_optimism=0.5)

@@ -207,6 +207,24 @@ class AcceptanceTracker:
             if i < accepted:
                 self.hits[i] += 1.0
 
+    def update_first(self, hits: float, tries: float) -> None:
+        """``tries`` verifications of depth 1 alone (a look-back probe), ``hits`` of them accepted: every depth
+        decays as after ``tries`` verifications, and depth 1 gains the weight those verifications would have
+        kept, (1 - decay^tries) / (1 - decay), at their hit rate (their order is not known)."""
+        if not 0 <= hits <= tries:
+            raise ValueError(f"hits must be in [0, tries], got {hits} of {tries}")
+        if tries == 0:
+            return
+        if not self.hits:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        f = self.decay ** tries
+        w = tries if self.decay == 1.0 else (1.0 - f) / (1.0 - self.decay)
+        self.hits = [h * f for h in self.hits]
+        self.tries = [t * f for t in self.tries]
+        self.hits[0] += w * hits / tries
+        self.tries[0] += w
+
     def update_shape(self, label: str, tokens: float) -> None:
         s, w = self.shape_tokens.get(label, (0.0, 0.0))
         self.shape_tokens[label] = (s * self.decay + tokens, w * self.decay + 1.0)

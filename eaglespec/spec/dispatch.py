@@ -8,12 +8,19 @@ per-request acceptance (``costmodel.py`` has the formulas).
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size and the
   rows' mean context (a verified token costs more in a longer context).
-* A batch that stopped drafting (choice ``none``) probes: after ``probe_every`` steps it drafts the cheapest
-  candidate for ``probe_steps`` steps in a row and then chooses again, so acceptance that recovers is seen
-  again; each probe after which drafting still does not
-  pay doubles the wait (up to ``max_probe_every``), so a head that never pays costs ever less (at a fixed
-  interval of 16 the probes cost 3-4% against no drafting with the int4 default). (The proposer records the
-  pairs of paused steps and catches its draft cache up in one forward when drafting resumes: ``proposer.py``.)
+* A batch that stopped drafting (choice ``none``) probes after ``probe_every`` steps, and chooses again from
+  what the probe saw, so acceptance that recovers is seen again; each probe after which drafting still does
+  not pay doubles the wait (up to ``max_probe_every``). A probe LOOKS BACK when the proposer can
+  (``pick(..., look_back=True)``: greedy drafts and lazily recorded paused pairs): the step stays plain, the
+  proposer catches its draft cache up over the recorded pairs and scores the head's top-1 guess at each of
+  the latest of them against the token the target committed next (``observe_look_back``): depth-1
+  acceptance at up to 32 positions for the price of a catch-up, which resuming drafting needs anyway. (A
+  guess matches a target's SAMPLED token with probability p(guess), the chance a one-token draft of it is
+  accepted, so the count is unbiased at any temperature.) Otherwise the probe drafts the cheapest candidate
+  for ``probe_steps`` steps in a row: drafting at a chain that loses, 1.4-1.6x a plain step each, which with
+  the catch-up cost 2-3% of a paused run at T=1 on a 2-core Xeon (2026-11-26).
+  (The proposer records the pairs of paused steps and catches its draft cache up in one forward when
+  drafting resumes or a probe looks back: ``proposer.py``.)
 * ``last`` holds the latest choice (a ``costmodel.Choice``: label, predicted speedup, expected tokens, step
   seconds); ``step`` the prediction for the tree the latest ``pick`` returned (a probe's own, while paused).
   The proposer hands ``step`` to the engine, whose per-sequence stats count the trees and add up the
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from eaglespec.spec.costmodel import AcceptanceTracker, Choice, CostTable, choose, score
+from eaglespec.spec.costmodel import PLAIN, AcceptanceTracker, Choice, CostTable, choose, score
 from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, TreeStrategy
 
 __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES"]
@@ -42,10 +49,13 @@ class AdaptiveDispatcher:
 
     def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
-                 margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4):
+                 margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4,
+                 probe_optimism: float = 1.5):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
+        if probe_optimism < 1.0:
+            raise ValueError(f"probe_optimism must be >= 1, got {probe_optimism}")
         self.costs = costs
         self.candidates = {c.label: c for c in candidates if c.drafts}
         self.none = NoDraft()
@@ -54,10 +64,12 @@ class AdaptiveDispatcher:
         self._sampled: dict[int, bool] = {}  # row -> its request samples (T > 0)
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.max_probe_every, self.probe_steps = max_probe_every, probe_steps
+        self.probe_optimism = probe_optimism
         self._probe_wait = probe_every  # steps until the next probe while paused (doubles after each probe)
         self._probe_left = 0  # steps left in the current probe run
         self._probe: TreeStrategy = self.none
         self._probe_done = False  # a probe run just ended: choose again at the next step
+        self.look_back_due = False  # the latest pick asks the proposer to look back (then observe_look_back)
         self.last: Choice | None = None
         self.step: Choice | None = None
         self._current: TreeStrategy = self.none
@@ -100,6 +112,15 @@ class AdaptiveDispatcher:
                 else:
                     t.update_shape(cfg.label, k + 1.0)
 
+    def observe_look_back(self, rows: Sequence[int], hits: Sequence[int], tries: Sequence[int]) -> None:
+        """A look-back probe's evidence: per row, the head's top-1 guess matched the target's next token ``hits``
+        times in ``tries`` paused steps (depth-1 verifications that were never run)."""
+        self._observed += 1
+        for r, h, n in zip(rows, hits, tries):
+            if n:
+                for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
+                    t.update_first(h, n)
+
     # ----------------------------------------------------------------------------------------- choice
     def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
         ts = [self.rows[r] for r in rows if r in self.rows] or [self.pools[False]]
@@ -111,10 +132,14 @@ class AdaptiveDispatcher:
             shapes[label] = (sum(s / w for s, w in have) / len(have), 1.0)
         return AcceptanceTracker(1.0, tuple(rates), 1.0, shape_tokens=shapes)
 
-    def pick(self, batch_size: int, rows: Sequence[int] | None = None, context: float | None = None) -> TreeStrategy:
-        """context: the rows' mean committed length (None: priced at the calibration's context)."""
+    def pick(self, batch_size: int, rows: Sequence[int] | None = None, context: float | None = None,
+             look_back: bool = False) -> TreeStrategy:
+        """context: the rows' mean committed length (None: priced at the calibration's context); look_back: the
+        caller can score its head on the paused steps' pairs, so a due probe sets ``look_back_due`` and keeps
+        the step plain instead of drafting."""
         rows = rows if rows is not None else list(self.rows)
         self._context = context
+        self.look_back_due = False
         if self._probe_left > 0:  # inside a probe run: keep drafting the probe, re-choose right after it
             self._probe_left -= 1
             self._steps += 1
@@ -138,6 +163,12 @@ class AdaptiveDispatcher:
             if self._since_draft >= self._probe_wait and self.candidates:
                 self._since_draft = 0
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
+                if not self._probe_could_pay(batch_size, rows):
+                    self._probe_done = False
+                    return cfg
+                if look_back:  # the caller scores the head on the recorded pairs; chosen again at the next step
+                    self.look_back_due = self._probe_done = True
+                    return cfg
                 self._probe = min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
                 self._probe_left = self.probe_steps - 1
                 return self._probe_step(batch_size, rows)
@@ -146,6 +177,16 @@ class AdaptiveDispatcher:
             self._probe_wait = self.probe_every  # drafting pays again: probe soon after the next pause
         self._probe_done = False
         return cfg
+
+    def _probe_could_pay(self, batch_size: int, rows: Sequence[int]) -> bool:
+        """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now (at
+        every depth, at most 1): a probe costs a catch-up over every pair recorded while paused (1-2% of the
+        paused steps at batch 4 on a 2-core Xeon), which is wasted where no plausible recovery makes a tree pay
+        (at batch 4 a chain of 1 needed ~0.65 depth-1 acceptance there, and T=1 requests showed ~0.25)."""
+        rates = self._batch_tracker(rows).rates()
+        hopeful = AcceptanceTracker(1.0, tuple(min(1.0, self.probe_optimism * r) for r in rates), 1.0)
+        cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
+        return choose(self.costs, batch_size, cands, hopeful, self.margin, self._context).label != PLAIN
 
     def _probe_step(self, batch_size: int, rows: Sequence[int]) -> TreeStrategy:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""
