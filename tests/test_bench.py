@@ -386,3 +386,45 @@ def test_an_empty_question_selection_is_refused_by_name(questions, tmp_path):
 def _flag_dict(flags: list[str]) -> dict:
     name, value = flags[0].lstrip("-").replace("-", "_"), flags[1]
     return {name: [value] if name == "categories" else int(value)}
+
+
+def test_a_compiled_warm_up_runs_a_verification_even_when_the_dispatcher_pauses():
+    """With a compiled target a several-token verification is a graph of its own, compiled on first use: the
+    warm-up must run one even when the adaptive dispatcher pauses throughout it (it did not, and a compiled
+    bench compiled that graph inside its first timed request). The dispatcher is put back afterwards."""
+    from helpers import tiny_target
+    from test_costmodel import flat_costs
+    from test_speculative import make_head
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from eaglespec.spec.proposer import EagleProposer
+
+    target, _ = tiny_target("llama")
+    tokens = []
+
+    class Recorder:  # stands in for the compiled graph: sees every decode and verification forward
+        def handles(self, n_new, block_mask, logits_at):
+            return True
+
+        def __call__(self, toks, positions, cache, **kw):
+            tokens.append(toks.shape[1])
+            return target.model(toks, positions, cache, eager=True, **kw)
+
+    prompt, cfg = tiny_tokenizer().encode("warm up"), GenerationConfig(8, ignore_eos=True)
+    try:
+        for graph in (None, Recorder()):
+            target.model.step_graph = graph
+            d = AdaptiveDispatcher(flat_costs(per_token=0.01, batches=(1, 2)))  # nothing pays: paused throughout
+            proposer = EagleProposer(make_head(target, "eagle3"), d)
+            runner = bench.EngineRunner(target, proposer, 1)
+            with torch.inference_mode():
+                runner.warm_up([prompt], [cfg])
+                assert proposer.dispatcher is d
+                if graph is not None:
+                    assert tokens.count(1) >= 7 and max(tokens) == 2  # paused steps, then chain 1's verifications
+                    tokens.clear()
+                    runner.run([prompt], [cfg])
+                    assert set(tokens) == {1}  # the timed runs pause as before
+    finally:
+        target.model.step_graph = None

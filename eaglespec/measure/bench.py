@@ -222,6 +222,26 @@ class EngineRunner:
         self.engine = Engine(target, proposer=proposer, max_batch_size=batch_size)
         self.device = target.model.device
 
+    def warm_up(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> None:
+        """Untimed runs before the timed ones. With a compiled target each class of forward (one token, several
+        tokens) is a graph compiled on its first call (``runtime.compiled``), and an adaptive dispatcher can
+        pause through the whole warm-up: its first verification forward then compiled inside a timed request
+        (seen: 24 s in the first request of a compiled batch-1 run, 2026-11-26). So the warm-up also runs once
+        with the dispatcher's cheapest drafting tree forced."""
+        from eaglespec.spec.strategies import TreeDispatcher
+
+        self.run(prompts, configs)
+        proposer = self.engine.proposer
+        candidates = getattr(getattr(proposer, "dispatcher", None), "candidates", None)
+        if self.engine.model.step_graph is None or not candidates:
+            return
+        adaptive = proposer.dispatcher
+        proposer.dispatcher = TreeDispatcher({1: min(candidates.values(), key=lambda c: c.num_nodes)})
+        try:
+            self.run(prompts, configs)
+        finally:
+            proposer.dispatcher = adaptive
+
     def run(self, prompts: list[list[int]], configs: list[GenerationConfig]) -> list[Output]:
         from eaglespec.engine.generate import Request
 
@@ -767,7 +787,8 @@ class Bench:
                 if (m.name, batch, temp) not in self.warmed:  # warm-up: unreported
                     warm = replace(configs[0], max_new_tokens=min(WARMUP_TOKENS, cfg.max_new_tokens),
                                    ignore_eos=True)
-                    runner.run([prompts[0]] * min(batch, len(prompts)), [warm] * min(batch, len(prompts)))
+                    getattr(runner, "warm_up", runner.run)([prompts[0]] * min(batch, len(prompts)),
+                                                            [warm] * min(batch, len(prompts)))
                     self.warmed.add((m.name, batch, temp))
                 tree = self._tree(m, runner, batch)
                 for i in range(0, len(todo), batch):
