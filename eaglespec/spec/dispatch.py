@@ -182,7 +182,7 @@ class AdaptiveDispatcher:
         """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now (at
         every depth, at most 1): a probe costs a catch-up over every pair recorded while paused (1-2% of the
         paused steps at batch 4 on a 2-core Xeon), which is wasted where no plausible recovery makes a tree pay
-        (at batch 4 a chain of 1 needed ~0.65 depth-1 acceptance there, and T=1 requests showed ~0.25)."""
+        (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and T=1 requests showed ~0.25)."""
         rates = self._batch_tracker(rows).rates()
         hopeful = AcceptanceTracker(1.0, tuple(min(1.0, self.probe_optimism * r) for r in rates), 1.0)
         cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
