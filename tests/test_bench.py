@@ -109,7 +109,7 @@ def test_method_strings():
     assert (m.kind, m.draft.tree, m.draft.depth, m.draft.topk, m.draft.tree_tokens) == ("eagle", "dynamic", 6, 8, 32)
     m = bench.parse_method("eagle:head=/h,chain3,align=last")
     assert (m.draft.draft, m.draft.tree, m.draft.depth, m.draft.alignment) == ("/h", "chain", 3, "last")
-    assert bench.parse_method("eagle").draft.tree == "auto" and bench.parse_method("eagle").draft.max_lag == 256
+    assert bench.parse_method("eagle").draft.tree == "auto" and bench.parse_method("eagle").draft.max_lag == 1024
     m = bench.parse_method("eagle:none,lag=0")  # the paused state's old cost: each pair encoded at its step
     assert (m.draft.tree, m.draft.max_lag) == ("none", 0)
     assert bench.parse_method("hf-prompt-lookup").k == 10 and bench.parse_method("replay:5").k == 5

@@ -326,11 +326,16 @@ class Scripted:
         return cfg
 
 
-def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts():
+def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts(monkeypatch):
     """A paused step only records its pair; the catch-up (when drafting resumes, a probe drafts, or the buffer
     is full) must leave the draft state exactly as encoding the pairs step by step does (max_lag=0): the same
-    trees, token for token, with the same draft probabilities, on ragged rows that join and leave mid-pause."""
+    trees, token for token, with the same draft probabilities, on ragged rows that join and leave mid-pause,
+    with a buffer that grows (from 2 pairs a row, doubling) while the pause lasts."""
     import torch
+
+    from eaglespec.spec import proposer as prop
+
+    monkeypatch.setattr(prop, "LAG_CHUNK", 2)
 
     from eaglespec.config import GenerationConfig
     from eaglespec.engine.generate import Engine, Request

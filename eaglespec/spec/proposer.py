@@ -46,6 +46,7 @@ from eaglespec.spec.tree import DraftTree, expand_static
 
 Alignment = Literal["stable", "last"]
 
+LAG_CHUNK = 64  # recorded pairs per row the paused buffer starts with (it doubles up to max_lag)
 LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest ones): 0.4 ms of draft logits at
 # batch 1 on a 2-core Xeon, against 1.4-1.6 plain steps lost by each step of a probe that drafts
 
@@ -66,7 +67,7 @@ class EagleProposer:
     root features, children (top-k or sampled) and the draft forwards of expanded nodes."""
 
     def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeStrategy, alignment: Alignment = "stable",
-                 draft_temperature: float = 0.0, seed: int | None = None, max_lag: int = 256):
+                 draft_temperature: float = 0.0, seed: int | None = None, max_lag: int = 1024):
         """draft_temperature: 0 = children are the draft's top-k tokens (valid at any target temperature);
         > 0 = children are SAMPLED without replacement from softmax(draft logits / draft_temperature) and
         verified with the sampled-children rule (chain and static trees only: a dynamic tree's rerank may
@@ -108,8 +109,10 @@ class EagleProposer:
         self._rows: Tensor | None = None  # the rows and prefix lengths of the current propose()
         self._prefix: Tensor | None = None
         self.max_lag = max_lag
-        self._lag_feat: Tensor | None = None  # [max_batch, max_lag, F] target features of paused pairs
-        self._lag_tok: Tensor | None = None  # int64 [max_batch, max_lag] their tokens (the bonus of each step)
+        # [max_batch, C, F] target features of paused pairs and int64 [max_batch, C] their tokens (the bonus of
+        # each step); C grows by doubling from LAG_CHUNK up to max_lag as the paused stretch lengthens
+        self._lag_feat: Tensor | None = None
+        self._lag_tok: Tensor | None = None
         self._lag_n: Tensor | None = None  # int64 [max_batch] recorded pairs per row
         self._lag_bound = 0  # host-side bound of _lag_n over the active rows: paused steps since the catch-up
         # row -> its prompt's pairs, not encoded yet (max_lag > 0): target features [P, F] and next tokens [P]
@@ -260,10 +263,14 @@ class EagleProposer:
         """A plain step's pair per row, (f_root, bonus) at the row's next draft position, recorded for the
         catch-up instead of encoded (rows [B], bonus [B]; ``out`` over the one-node trees)."""
         f = self.head.target_feature(out)[:, 0].to(self.head.dtype)  # [B, F]
-        if self._lag_feat is None:
-            n = self._lag_n.shape[0]
-            self._lag_feat = torch.zeros(n, self.max_lag, f.shape[-1], dtype=f.dtype, device=f.device)
-            self._lag_tok = torch.zeros(n, self.max_lag, dtype=torch.long, device=f.device)
+        cap = 0 if self._lag_feat is None else self._lag_feat.shape[1]
+        if self._lag_bound >= cap:  # every slot <= the bound < max_lag (propose caught up at max_lag)
+            n, grown = self._lag_n.shape[0], min(self.max_lag, max(LAG_CHUNK, 2 * cap))
+            feat = torch.zeros(n, grown, f.shape[-1], dtype=f.dtype, device=f.device)
+            tok = torch.zeros(n, grown, dtype=torch.long, device=f.device)
+            if cap:
+                feat[:, :cap], tok[:, :cap] = self._lag_feat, self._lag_tok
+            self._lag_feat, self._lag_tok = feat, tok
         slot = self._lag_n[rows]  # [B] < max_lag: propose() caught up when the bound reached it
         self._lag_feat[rows, slot] = f
         self._lag_tok[rows, slot] = bonus
