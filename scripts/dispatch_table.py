@@ -50,7 +50,9 @@ def main(dirs):
         cells = runs[k]
         med = lambda f: statistics.median(f(c) for c in cells)  # noqa: E731
         auto = med(lambda c: c["ratio"]["eagle:auto"])
-        fixed = {m: med(lambda c, m=m: c["ratio"][m]) for m in cells[0]["ratio"] if m.startswith("eagle:chain")}
+        # a fixed tree's median over the runs that ran it (a repeat may run fewer trees: TREES="chain1")
+        fixed = {m: statistics.median(c["ratio"][m] for c in cells if m in c["ratio"])
+                 for m in dict.fromkeys(m for c in cells for m in c["ratio"]) if m.startswith("eagle:chain")}
         best = max(fixed, key=fixed.get)
         pred = med(lambda c: c["predicted"])
         autos = [c["ratio"]["eagle:auto"] for c in cells]
