@@ -19,9 +19,9 @@ plain step commits one pair (f_root, bonus) per row, which is only recorded (fea
 ``max_lag`` pairs per row); the draft cache catches up in ONE batched head forward over the recorded pairs
 when drafting resumes (or a probe drafts or looks back, or the buffer is full). A paused step therefore costs
 the target forward alone, and the catch-up computes exactly what encoding the pairs one step at a time would
-have (same pairs, same positions, causal attention), in one forward instead of one per step. The prompt's pairs are
-lazy too (with ``max_lag > 0``): ``prefill`` keeps them, and the first catch-up encodes them ahead of the
-row's recorded pairs, in the same forward; a request that never drafts never runs the head.
+have (same pairs, same positions, causal attention), in one forward instead of one per step. The prompt's
+pairs are lazy too (with ``max_lag > 0``): ``prefill`` keeps them, and the first catch-up encodes them ahead of
+the row's recorded pairs, in the same forward; a request that never drafts never runs the head.
 
 A look-back probe (the dispatcher's, while paused) is a catch-up that also scores the head on the recorded
 pairs: the output of pair j, (f_root_j, bonus_j), is what a chain would have drafted from at step j + 1, and
@@ -47,8 +47,8 @@ from eaglespec.spec.tree import DraftTree, expand_static
 Alignment = Literal["stable", "last"]
 
 LAG_CHUNK = 64  # recorded pairs per row the paused buffer starts with (it doubles up to max_lag)
-LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest ones): 0.4 ms of draft logits at
-# batch 1 on a 2-core Xeon, against 1.4-1.6 plain steps lost by each step of a probe that drafts
+LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest ones): ~1 ms of draft logits at
+# batch 1 on a 2-core Xeon, where each step of a probe that drafts costs 1.4-1.6 plain steps (~10 ms each)
 
 
 @dataclass
@@ -286,7 +286,6 @@ class EagleProposer:
         recorded pairs and hand the counts to the dispatcher (``_look_back``)."""
         T = self._lag_bound
         ids = list(row_ids) if row_ids is not None else rows.tolist()
-        all_ids = ids
         scored: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (rows, outputs, first recorded pair, pairs)
         fresh = [b for b, r in enumerate(ids) if r in self._prompts]
         if fresh:
@@ -316,7 +315,7 @@ class EagleProposer:
             self._lag_n[rows] = 0
         self._lag_bound = 0
         if look_back:
-            self._look_back(all_ids, scored)
+            self._look_back(ids, scored)
 
     def _look_back(self, ids: Sequence[int], scored: Sequence[tuple[Tensor, Tensor, Tensor, Tensor]]
                    ) -> None:

@@ -55,9 +55,9 @@ class DraftOptions:
     (proposer.EagleProposer); 0 = encode each at its step (what a paused step cost before; bench `lag=0`).
     Longer than most requests' paused stretches, so that a request which stays paused to its end never pays
     for encoding pairs the head will not draft from (docs/DISPATCH.md). It was 256: batches of 128-token
-    requests that stayed paused caught up every 256 steps, ~1% of their time at batch 4 on a 2-core Xeon, for
-    rows about to finish. The buffer grows with the stretch (6.9 KB a pair and row for the default head); a
-    full one catches up every row at once, a stall of ~35 us a pair and row."""
+    requests that stayed paused caught up every 256 steps for rows about to finish: ~1% of their time at batch
+    4 on a 2-core Xeon, by the catch-up's measured cost. The buffer grows with the stretch (6.9 KB a pair and
+    row for the default head); a full one catches up every row at once, a stall of ~35 us a pair and row."""
 
     def dispatcher(self) -> TreeDispatcher:
         """The tree strategy per batch size these options ask for (validated: options that do not apply to the
