@@ -239,7 +239,7 @@ def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
         picks.append([c.label for c in seen])
     assert runs[0] == vanilla and runs[1] == vanilla
     assert picks[0] == picks[1]  # same choices step by step
-    # a random head is (almost) never accepted: the dispatcher mostly stops drafting and probes
+    # a random head is (almost) never accepted: the dispatcher drafts on its prior, then mostly pauses
     assert picks[0].count("none") > len(picks[0]) / 2 and any(p.startswith("chain") for p in picks[0])
 
 
@@ -297,7 +297,7 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
     reqs = [Request(p, GenerationConfig(24, ignore_eos=True)) for p in prompts]
     with torch.inference_mode():
         done = Engine(target, EagleProposer(head, d), max_batch_size=2).generate(reqs)
-    assert {label for label, _ in steps} >= {"none", "chain1"}  # paused, and probed with the cheapest chain
+    assert {label for label, _ in steps} >= {"none", "chain1"}  # drafted (the cheapest chain), then paused
     assert all(label == c.label for label, c in steps)  # each step's prediction is for the tree it ran
     for c in done:  # both rows ran every step together
         st = c.stats
