@@ -290,8 +290,9 @@ def _catch_up_excess(paused: Sequence[float], proposer) -> float:
     others. Until 2026-11-26 every step above 1.5x the median counted, and in runs too short to catch up at all
     (the default buffer of 256 pairs) that counted only the machine's stalls: 0.44 ms at batch 1 on a 2-core
     Xeon where the paused and the plain median steps differed by -0.1 to -0.25 ms (0.05-0.17 at batch 4).
-    (In the benchmark a paused request costs 2-3% more than that, through the catch-ups its probes pay, which
-    this run, held at ``none``, does not make: docs/DISPATCH.md, "Measured".)"""
+    (In the benchmark a paused request also pays its probes' catch-ups, which this run, held at ``none``, does
+    not make: 2-3% with drafting probes on a 2-core Xeon, less since probes look back and are skipped where
+    they cannot matter: docs/DISPATCH.md, "Measured".)"""
     lag = int(getattr(proposer, "max_lag", 0))
     if not paused or lag <= 0:
         return 0.0

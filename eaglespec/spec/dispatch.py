@@ -58,6 +58,7 @@ class AdaptiveDispatcher:
             raise ValueError(f"probe_optimism must be >= 1, got {probe_optimism}")
         self.costs = costs
         self.candidates = {c.label: c for c in candidates if c.drafts}
+        self._shapes = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}  # for choose
         self.none = NoDraft()
         self.pools = {False: prior or AcceptanceTracker(), True: AcceptanceTracker()}  # greedy / sampled requests
         self.rows: dict[int, AcceptanceTracker] = {}
@@ -77,7 +78,6 @@ class AdaptiveDispatcher:
         self._observed = 0  # verifications observed so far: the acceptance evidence changes only with them
         self._chosen_on: tuple | None = None  # (batch size, rows, observations, context bucket) of the latest choice
         self._since_draft = 0
-        self._active_rows: list[int] = []
         self._context: float | None = None
 
     def __repr__(self) -> str:
@@ -152,9 +152,7 @@ class AdaptiveDispatcher:
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
-            tracker = self._batch_tracker(rows)
-            cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
-            self.last = choose(self.costs, batch_size, cands, tracker, self.margin, context)
+            self.last = choose(self.costs, batch_size, self._shapes, self._batch_tracker(rows), self.margin, context)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
@@ -163,15 +161,13 @@ class AdaptiveDispatcher:
             if self._since_draft >= self._probe_wait and self.candidates:
                 self._since_draft = 0
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
-                if not self._probe_could_pay(batch_size, rows):
-                    self._probe_done = False
-                    return cfg
-                if look_back:  # the caller scores the head on the recorded pairs; chosen again at the next step
-                    self.look_back_due = self._probe_done = True
-                    return cfg
-                self._probe = min(self.candidates.values(), key=lambda c: c.num_nodes)  # probe: the cheapest
-                self._probe_left = self.probe_steps - 1
-                return self._probe_step(batch_size, rows)
+                if self._probe_could_pay(batch_size, rows):
+                    if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
+                        self.look_back_due = self._probe_done = True
+                        return cfg
+                    self._probe = min(self.candidates.values(), key=lambda c: c.num_nodes)  # the cheapest
+                    self._probe_left = self.probe_steps - 1
+                    return self._probe_step(batch_size, rows)
         else:
             self._since_draft = 0
             self._probe_wait = self.probe_every  # drafting pays again: probe soon after the next pause
@@ -185,8 +181,7 @@ class AdaptiveDispatcher:
         (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and T=1 requests showed ~0.25)."""
         rates = self._batch_tracker(rows).rates()
         hopeful = AcceptanceTracker(1.0, tuple(min(1.0, self.probe_optimism * r) for r in rates), 1.0)
-        cands = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}
-        return choose(self.costs, batch_size, cands, hopeful, self.margin, self._context).label != PLAIN
+        return choose(self.costs, batch_size, self._shapes, hopeful, self.margin, self._context).label != PLAIN
 
     def _probe_step(self, batch_size: int, rows: Sequence[int]) -> TreeStrategy:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""
