@@ -322,6 +322,7 @@ def test_teacher_forced_unroll_reproduces_real_drafting(model_dir, head_dir):
     target = load_target(str(model_dir))
     steps = 3
     proposer = build_proposer(target, DraftOptions(draft=str(head_dir), tree="chain", depth=steps))
+    assert not any(p.requires_grad for p in proposer.head.parameters())  # loaded for decoding: frozen
     prompt = target.tokenizer.encode("The quick brown fox jumps")
     trees = []
     real_propose = proposer.propose

@@ -54,6 +54,30 @@ def test_greedy_speculative_equals_vanilla(tiny, vanilla, kind, layers, tree, ba
         assert sum(st.accepted_per_position[:1]) <= st.target_forwards
 
 
+def test_engine_steps_record_no_autograd_graph_under_grad_mode(tiny, vanilla):
+    """A library caller that never turned autograd off: the head (parameters requiring grad, as built for
+    training) must not record its ops or copy its KV cache each forward, and the output stays vanilla's."""
+    reqs, expected = vanilla
+    head = make_head(tiny, "eagle3")
+    assert all(p.requires_grad for p in head.parameters())
+    proposer = EagleProposer(head, TREES["chain4"])
+    seen = []
+    forward = head.forward
+
+    def spy(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        seen.append((torch.is_grad_enabled(), out.requires_grad, proposer.cache.k))
+        return out
+
+    head.forward = spy
+    assert torch.is_grad_enabled()
+    got = Engine(tiny, proposer, max_batch_size=2).generate(reqs)
+    assert [c.token_ids for c in got] == expected
+    assert seen and not any(grad or tracked for grad, tracked, _ in seen)
+    caches = {id(k) for _, _, k in seen}
+    assert len(caches) == 1  # one cache tensor throughout: no clone per forward
+
+
 @pytest.mark.parametrize("alignment", ["stable", "last"])
 @pytest.mark.parametrize("tree", list(TREES))
 def test_alignment_schemes_keep_greedy_identity(tiny, vanilla, alignment, tree):

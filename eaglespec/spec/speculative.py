@@ -98,7 +98,7 @@ def load_draft_head(head_dir, target, dtype=None):
     from eaglespec.spec.heads import load_head
 
     head = load_head(head_dir, target.model, dtype=dtype or target.model.dtype, device=target.model.device)
-    head.eval()
+    head.eval().requires_grad_(False)  # decoding never trains it (a trainable head clones its cache per forward)
     if target.model.precision in PACKED_FORMATS and head.dtype == torch.float32:
         # Next to a packed target the float32 head would cost a third of a decode step per draft step;
         # int8 weights read 4x less (measured in docs/RUNTIME.md), at no cost to losslessness. Where our
