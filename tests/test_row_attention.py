@@ -62,3 +62,25 @@ def test_rows_of_a_batch_and_views_of_a_cache_read_in_place():
     got = attention(q, cache_k[1:4, :, :22], cache_v[1:4, :, :22], None, exact_rows=True)  # strided views
     assert torch.equal(got, attention(q, k, v, None, exact_rows=True))
     assert torch.equal(got[1:2], attention(q[1:2], k[1:2], v[1:2], None, exact_rows=True))
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [
+    (9, 3, 64),    # compiled for its shape (head dim 64, 3 query heads per KV head)
+    (8, 2, 128),   # compiled, head dim 128
+    (12, 1, 64),   # 12 query heads per KV head: the run-time-sized path
+    (4, 4, 32),    # head dim 32: the run-time-sized path
+])
+def test_every_shape_path_matches_float64_and_keeps_tree_tokens_exact(heads, kv_heads, dim):
+    """The kernel runs per-shape compiled jobs for common head shapes and a run-time-sized one otherwise: each
+    must give float64 attention's values and a tree token's output bit-identical to it decoded alone."""
+    prefix, parents = 21, [-1, 0, 0, 2]
+    n = len(parents)
+    q, k, v = _case(2, n, prefix, seed=5, heads=heads, kv_heads=kv_heads, dim=dim)
+    block = tree_mask(torch.tensor([parents]), torch.ones(1, n, dtype=torch.bool))[0]
+    mask = torch.cat([torch.ones(n, prefix, dtype=torch.bool), block], dim=1)[None, None]
+    together = attention(q, k, v, mask, exact_rows=True)
+    torch.testing.assert_close(together, attention(q, k, v, mask, compute_dtype=torch.float64), rtol=1e-5, atol=1e-5)
+    for i in range(n):
+        seen = torch.cat([torch.arange(prefix), prefix + block[i].nonzero()[:, 0]])
+        alone = attention(q[:, i : i + 1], k[:, :, seen], v[:, :, seen], None, exact_rows=True)
+        assert torch.equal(alone, together[:, i : i + 1]), i

@@ -58,6 +58,110 @@ inline __m512 sum16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(v, w, 0x88), _mm512_shuffle_f32x4(v, w, 0xDD));
 }
 
+// Where one call's tensors live, and their shapes (see the header).
+struct Args {
+  const float *qp, *kp, *vp;
+  float* op;
+  const bool* mp;
+  int64_t h, t, d, hkv, s, s_pad, ks0, ks1, ks2, vs0, vs1, vs2, m_b, m_t;
+  float scale;
+};
+
+// One job = one query token of one batch row against one KV head: its query heads (the group) share the
+// visible slots and read each key and value row once for all of them. Per query head the arithmetic is the
+// same as if it ran alone. NV (vectors of 16 per head) and G (query heads per KV head) are compile-time
+// where a shape is instantiated (0 = read at run time): the group's output accumulators (G x NV vectors)
+// then stay in registers through the loop over the values instead of going to memory at every slot, which
+// made the weighted sum the kernel's slowest part. The order of every sum is the same either way.
+template <int NV, int G>
+void attend_job(const Args& a, int64_t i, int64_t nv_rt, int64_t group_rt, std::vector<float>& p,
+                std::vector<int64_t>& seen) {
+  const int64_t nv = NV > 0 ? NV : nv_rt, group = G > 0 ? G : group_rt;
+  constexpr int kNV = NV > 0 ? NV : 32, kG = G > 0 ? G : 16;  // array bounds (D <= 512, group <= 16)
+  __m512 qv[kG * kNV], o[kG * kNV];
+  float best[kG], inv[kG];
+  const int64_t bi = i / (a.hkv * a.t), kvh = (i / a.t) % a.hkv, ti = i % a.t;
+  const float* kb = a.kp + bi * a.ks0 + kvh * a.ks1;
+  const float* vb = a.vp + bi * a.vs0 + kvh * a.vs1;
+  const bool* mrow = a.mp ? a.mp + bi * a.m_b + ti * a.m_t : nullptr;
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qrow = a.qp + ((bi * a.h + kvh * group + g) * a.t + ti) * a.d;
+    for (int64_t c = 0; c < nv; ++c)
+      qv[g * nv + c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + 16 * c), _mm512_set1_ps(a.scale));
+  }
+  // Only the visible slots, compacted: every sum below then runs over the same sequence of numbers
+  // whether a token is verified at slot 52 of a tree with a gap before it or decoded at slot 51.
+  int64_t n = 0;
+  for (int64_t j = 0; j < a.s; ++j)
+    if (mrow == nullptr || mrow[j]) seen[n++] = j;
+  for (int64_t g = 0; g < group; ++g) best[g] = -INFINITY;
+  for (int64_t j = 0; j < n; j += 16) {
+    const int64_t m = std::min<int64_t>(16, n - j);
+    const __mmask16 on = m == 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1);
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512* qg = &qv[g * nv];
+      __m512 acc[16];
+      for (int64_t l = 0; l < 16; ++l) {
+        if (l >= m) { acc[l] = _mm512_setzero_ps(); continue; }
+        const float* kr = kb + seen[j + l] * a.ks2;  // the block's 16 key rows stay in L1 across the group
+        acc[l] = _mm512_mul_ps(qg[0], _mm512_loadu_ps(kr));
+        for (int64_t c = 1; c < nv; ++c) acc[l] = _mm512_fmadd_ps(qg[c], _mm512_loadu_ps(kr + 16 * c), acc[l]);
+      }
+      const __m512 sc = sum16(acc);
+      _mm512_mask_storeu_ps(&p[g * a.s_pad + j], on, sc);
+      best[g] = std::max(best[g], _mm512_mask_reduce_max_ps(on, sc));
+    }
+  }
+  if (n == 0) {  // nothing visible: zeros (never happens for a token, which sees itself)
+    for (int64_t g = 0; g < group; ++g) {
+      float* orow = a.op + ((bi * a.t + ti) * a.h + kvh * group + g) * a.d;
+      for (int64_t c = 0; c < a.d; ++c) orow[c] = 0.0f;
+    }
+    return;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* pg = &p[g * a.s_pad];
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 on = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 x = _mm512_maskz_loadu_ps(on, pg + j);
+      const __m512 e = _mm512_maskz_mov_ps(on, exp_nonpositive(_mm512_sub_ps(x, _mm512_set1_ps(best[g]))));
+      _mm512_mask_storeu_ps(pg + j, on, e);
+      total = _mm512_add_ps(total, e);
+    }
+    inv[g] = 1.0f / _mm512_reduce_add_ps(total);
+  }
+  for (int64_t k = 0; k < group * nv; ++k) o[k] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = vb + seen[j] * a.vs2;
+    for (int64_t c = 0; c < nv; ++c) {
+      const __m512 vc = _mm512_loadu_ps(vr + 16 * c);  // each value row read once for the group
+      for (int64_t g = 0; g < group; ++g)
+        o[g * nv + c] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * a.s_pad + j]), vc, o[g * nv + c]);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* orow = a.op + ((bi * a.t + ti) * a.h + kvh * group + g) * a.d;
+    for (int64_t c = 0; c < nv; ++c)
+      _mm512_storeu_ps(orow + 16 * c, _mm512_mul_ps(o[g * nv + c], _mm512_set1_ps(inv[g])));
+  }
+}
+
+using JobFn = void (*)(const Args&, int64_t, int64_t, int64_t, std::vector<float>&, std::vector<int64_t>&);
+
+// Head dims 64 and 128 with up to 8 query heads per KV head (Llama, Qwen, SmolLM shapes) run compiled for
+// their shape; anything else runs the same code with its sizes read at run time.
+JobFn pick_job(int64_t nv, int64_t group) {
+  static constexpr JobFn d64[9] = {nullptr, attend_job<4, 1>, attend_job<4, 2>, attend_job<4, 3>, attend_job<4, 4>,
+                                   attend_job<4, 5>, attend_job<4, 6>, attend_job<4, 7>, attend_job<4, 8>};
+  static constexpr JobFn d128[9] = {nullptr, attend_job<8, 1>, attend_job<8, 2>, attend_job<8, 3>,
+                                    attend_job<8, 4>, attend_job<8, 5>, attend_job<8, 6>, attend_job<8, 7>,
+                                    attend_job<8, 8>};
+  if (group >= 1 && group <= 8 && nv == 4) return d64[group];
+  if (group >= 1 && group <= 8 && nv == 8) return d128[group];
+  return attend_job<0, 0>;
+}
+
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                          const c10::optional<at::Tensor>& mask) {
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4, "row_attention: q, keys, values must be 4-D");
@@ -69,104 +173,34 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
               keys.size(3) == d && values.size(3) == d, "row_attention: keys/values do not match q");
   TORCH_CHECK(hkv > 0 && h % hkv == 0 && d % 16 == 0 && d <= 512, "row_attention: needs H % Hkv == 0, D % 16 == 0");
   TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "row_attention: keys/values need a contiguous last dim");
-  const bool* mp = nullptr;
-  int64_t m_b = 0, m_t = 0;
+  Args a{};
   at::Tensor mc;
   if (mask.has_value()) {
     mc = mask->contiguous();
     TORCH_CHECK(mc.scalar_type() == at::kBool && mc.dim() == 4 && (mc.size(0) == 1 || mc.size(0) == b) &&
                 mc.size(1) == 1 && mc.size(2) == t && mc.size(3) == s, "row_attention: mask must be bool [B|1, 1, T, S]");
-    mp = mc.data_ptr<bool>();
-    m_b = mc.size(0) == 1 ? 0 : t * s;
-    m_t = s;
+    a.mp = mc.data_ptr<bool>();
+    a.m_b = mc.size(0) == 1 ? 0 : t * s;
+    a.m_t = s;
   }
   auto qc = q.contiguous();
   auto out = at::empty({b, t, h, d}, q.options());
-  const float* qp = qc.data_ptr<float>();
-  const float *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t ks0 = keys.stride(0), ks1 = keys.stride(1), ks2 = keys.stride(2);
-  const int64_t vs0 = values.stride(0), vs1 = values.stride(1), vs2 = values.stride(2);
+  a.qp = qc.data_ptr<float>();
+  a.kp = keys.data_ptr<float>();
+  a.vp = values.data_ptr<float>();
+  a.op = out.data_ptr<float>();
+  a.h = h, a.t = t, a.d = d, a.hkv = hkv, a.s = s;
+  a.ks0 = keys.stride(0), a.ks1 = keys.stride(1), a.ks2 = keys.stride(2);
+  a.vs0 = values.stride(0), a.vs1 = values.stride(1), a.vs2 = values.stride(2);
   const int64_t group = h / hkv, nv = d / 16;
   TORCH_CHECK(group <= 16, "row_attention: at most 16 query heads per KV head");
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int64_t s_pad = (s + 15) / 16 * 16;
-
-  // One job = one query token of one batch row against one KV head: its query heads (the group) share the
-  // visible slots and read each key and value row once for all of them. Per (query head) the arithmetic is
-  // the same as if it ran alone.
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  a.s_pad = (s + 15) / 16 * 16;
+  const JobFn job = pick_job(nv, group);
   at::parallel_for(0, b * hkv * t, 2, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(group * s_pad);  // per query head: scores, then probabilities, of the visible slots
-    std::vector<int64_t> seen(s_pad);     // which slots those are, in slot order
-    std::vector<__m512> qv(group * nv), o(group * nv);
-    std::vector<float> best(group), inv(group);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t bi = i / (hkv * t), kvh = (i / t) % hkv, ti = i % t;
-      const float* kb = kp + bi * ks0 + kvh * ks1;
-      const float* vb = vp + bi * vs0 + kvh * vs1;
-      const bool* mrow = mp ? mp + bi * m_b + ti * m_t : nullptr;
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qrow = qp + ((bi * h + kvh * group + g) * t + ti) * d;
-        for (int64_t c = 0; c < nv; ++c)
-          qv[g * nv + c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + 16 * c), _mm512_set1_ps(scale));
-      }
-      // Only the visible slots, compacted: every sum below then runs over the same sequence of numbers
-      // whether a token is verified at slot 52 of a tree with a gap before it or decoded at slot 51.
-      int64_t n = 0;
-      for (int64_t j = 0; j < s; ++j)
-        if (mrow == nullptr || mrow[j]) seen[n++] = j;
-      for (int64_t g = 0; g < group; ++g) best[g] = -INFINITY;
-      for (int64_t j = 0; j < n; j += 16) {
-        const int64_t m = std::min<int64_t>(16, n - j);
-        const __mmask16 on = m == 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1);
-        for (int64_t g = 0; g < group; ++g) {
-          const __m512* qg = &qv[g * nv];
-          __m512 acc[16];
-          for (int64_t l = 0; l < 16; ++l) {
-            if (l >= m) { acc[l] = _mm512_setzero_ps(); continue; }
-            const float* kr = kb + seen[j + l] * ks2;  // the block's 16 key rows stay in L1 across the group
-            acc[l] = _mm512_mul_ps(qg[0], _mm512_loadu_ps(kr));
-            for (int64_t c = 1; c < nv; ++c) acc[l] = _mm512_fmadd_ps(qg[c], _mm512_loadu_ps(kr + 16 * c), acc[l]);
-          }
-          const __m512 sc = sum16(acc);
-          _mm512_mask_storeu_ps(&p[g * s_pad + j], on, sc);
-          best[g] = std::max(best[g], _mm512_mask_reduce_max_ps(on, sc));
-        }
-      }
-      if (n == 0) {  // nothing visible: zeros (never happens for a token, which sees itself)
-        for (int64_t g = 0; g < group; ++g) {
-          float* orow = op + ((bi * t + ti) * h + kvh * group + g) * d;
-          for (int64_t c = 0; c < d; ++c) orow[c] = 0.0f;
-        }
-        continue;
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* pg = &p[g * s_pad];
-        __m512 total = _mm512_setzero_ps();
-        for (int64_t j = 0; j < n; j += 16) {
-          const __mmask16 on = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-          const __m512 x = _mm512_maskz_loadu_ps(on, pg + j);
-          const __m512 e = _mm512_maskz_mov_ps(on, exp_nonpositive(_mm512_sub_ps(x, _mm512_set1_ps(best[g]))));
-          _mm512_mask_storeu_ps(pg + j, on, e);
-          total = _mm512_add_ps(total, e);
-        }
-        inv[g] = 1.0f / _mm512_reduce_add_ps(total);
-      }
-      for (int64_t k = 0; k < group * nv; ++k) o[k] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < n; ++j) {
-        const float* vr = vb + seen[j] * vs2;
-        for (int64_t c = 0; c < nv; ++c) {
-          const __m512 vc = _mm512_loadu_ps(vr + 16 * c);  // each value row read once for the group
-          for (int64_t g = 0; g < group; ++g)
-            o[g * nv + c] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * s_pad + j]), vc, o[g * nv + c]);
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* orow = op + ((bi * t + ti) * h + kvh * group + g) * d;
-        for (int64_t c = 0; c < nv; ++c)
-          _mm512_storeu_ps(orow + 16 * c, _mm512_mul_ps(o[g * nv + c], _mm512_set1_ps(inv[g])));
-      }
-    }
+    std::vector<float> p(group * a.s_pad);  // per query head: scores, then probabilities, of the visible slots
+    std::vector<int64_t> seen(a.s_pad);     // which slots those are, in slot order
+    for (int64_t i = i0; i < i1; ++i) job(a, i, nv, group, p, seen);
   });
   return out;
 }
