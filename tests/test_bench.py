@@ -91,6 +91,37 @@ def test_cost_curve_math():
     assert best[1]["label"] == "small" and best[1]["bound"] == pytest.approx(1.25)  # 1.5/1.2 > 2.5/2.3
 
 
+def test_cost_curve_times_its_token_counts_in_rounds(monkeypatch):
+    """Every round times one forward of each N, so a slow stretch of a shared machine spreads over all N; the
+    medians come from the timed rounds only (warm-up rounds left out), relative to the smallest N."""
+    from helpers import tiny_target
+
+    target, _ = tiny_target("llama")
+    model = target.model
+    calls = []
+    clock = iter(range(10_000))  # perf_counter: +1 per read, so a forward of N reads N apart (see forward)
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, tokens, positions, cache, **kw):
+            if not kw.get("prefill"):
+                calls.append((tokens.shape[0], tokens.shape[1]))
+                for _ in range(tokens.shape[1] - 1):
+                    next(clock)  # this forward "takes" N ticks
+            return model(tokens, positions, cache, **kw)
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(clock)))
+    points = bench.cost_curve(type("T", (), {"model": Counted()})(), n_tokens=(4, 1, 2), batch_sizes=(1, 2),
+                              prefix=8, repeats=3, warmup=1)
+    per_batch = [(b, n) for _ in range(4) for n in (1, 2, 4) for b in (1,)] + \
+                [(b, n) for _ in range(4) for n in (1, 2, 4) for b in (2,)]
+    assert calls == per_batch  # rounds of 1, 2, 4 (sorted), warm-up round included
+    assert [(p["batch_size"], p["n_tokens"], p["median_s"], p["relative"], p["repeats"]) for p in points] == [
+        (b, n, float(n), float(n), 3) for b in (1, 2) for n in (1, 2, 4)]
+
+
 def test_mismatch_detection_recomputes_from_tokens():
     vanilla = [rec("vanilla", 1, 5, 4, 1.0)]
     same = rec("eagle", 1, 5, 2, 0.5)
