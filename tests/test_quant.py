@@ -224,7 +224,10 @@ def test_pack_model_measures_its_prompt_kernels_per_weight_shape(tmp_path, monke
     pack_model(target.model, "int8", kernel_cache=tmp_path)
     layer = target.model.layers[0]
     assert all(getattr(layer, a).dense is None for a in attrs)
-    assert [getattr(layer, a).plan.measured_on.split(" | ")[4] for a in attrs] == [f"{n}x{k}" for n, k in shapes]
+    prefix = quant.machine_fingerprint() + " | "
+    assert all(getattr(layer, a).plan.measured_on.startswith(prefix) for a in attrs)
+    assert [getattr(layer, a).plan.measured_on.removeprefix(prefix).split(" | ")[0] for a in attrs] == \
+        [f"{n}x{k}" for n, k in shapes]
     assert layer.w13.plan.kernel("int8", 512) == "packed"
     default, _ = tiny_target(seed=3)
     pack_model(default.model, "int8")
@@ -429,3 +432,21 @@ def test_a_draft_heads_catch_up_kernel_is_measured_against_bfloat16(tmp_path, mo
     pack_linears(slow, "int8", kernel_cache=tmp_path / "b")
     assert all(m.dense.dtype == torch.bfloat16 for m in slow)
     assert [slow[0].plan.kernel("int8", r) for r in (16, 17, 64, 1000)] == ["packed", "dense", "dense", "dense"]
+
+
+def test_measurements_are_keyed_by_the_kernels_build(tmp_path, monkeypatch):
+    """Kernel plans and calibrations are cached under machine_fingerprint(): with our kernels loaded it names
+    their build, and a changed kernel source is a different build (its costs are measured again)."""
+    from eaglespec.runtime import cpu_kernels
+    from eaglespec.runtime.quant import machine_fingerprint
+
+    monkeypatch.setattr(cpu_kernels, "loaded", lambda: True)
+    before = cpu_kernels.build_id()
+    assert machine_fingerprint().endswith(f" | kernels {before}")
+    src = tmp_path / "w4a8.cpp"
+    src.write_bytes(cpu_kernels.SOURCES[0].read_bytes() + b"\n// changed\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCES", [src, *cpu_kernels.SOURCES[1:]])
+    assert cpu_kernels.build_id() != before
+    assert machine_fingerprint().endswith(f" | kernels {cpu_kernels.build_id()}")
+    monkeypatch.setattr(cpu_kernels, "loaded", lambda: False)
+    assert "kernels" not in machine_fingerprint()

@@ -69,10 +69,7 @@ def _build(cache_dir: Path | None) -> tuple[bool, str]:
         from eaglespec.runtime.cachedir import cache_root
 
         cache_dir = cache_root()
-    digest = hashlib.sha256(" ".join(_FLAGS).encode() + torch.__version__.encode())
-    for src in SOURCES:
-        digest.update(src.read_bytes())
-    name = f"eaglespec_kernels_{digest.hexdigest()[:12]}"
+    name = f"eaglespec_kernels_{build_id()}"
     build_dir = Path(cache_dir) / "kernels" / name
     try:
         from torch.utils.cpp_extension import load
@@ -85,6 +82,16 @@ def _build(cache_dir: Path | None) -> tuple[bool, str]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return False, f"building the CPU kernels failed ({first[:200]}); see docs/RUNTIME.md"
     return True, f"built in {build_dir}"
+
+
+def build_id() -> str:
+    """12 hex digits naming this build of the kernels (their sources, flags and torch version): a changed
+    kernel is a new build, and what was measured with the old one (calibration, kernel plans) is not reused
+    (``runtime.quant.machine_fingerprint``)."""
+    digest = hashlib.sha256(" ".join(_FLAGS).encode() + torch.__version__.encode())
+    for src in SOURCES:
+        digest.update(src.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _register_fakes() -> None:

@@ -248,9 +248,13 @@ def linear(x: Tensor, weight: Tensor | PackedLinear, bias: Tensor | None = None,
 
 # ============================================================================================ calibration
 def machine_fingerprint(threads: int | None = None) -> str:
+    """What measurements made here are keyed by (kernel plans, calibration): the CPU, its cores, the threads,
+    torch, and the build of our kernels when they are loaded (a changed kernel costs something else: the
+    2026-11-27 attention kernel made a decode step ~3.5% cheaper)."""
     cpu = cpu_kernels.cpuinfo("model name") or platform.processor() or "cpu"
     threads = threads or torch.get_num_threads()
-    return f"{cpu} | {os.cpu_count()} cpus | {threads} threads | torch {torch.__version__}"
+    kernels = f" | kernels {cpu_kernels.build_id()}" if cpu_kernels.loaded() else ""
+    return f"{cpu} | {os.cpu_count()} cpus | {threads} threads | torch {torch.__version__}{kernels}"
 
 
 def _prompt_times(layer: PackedLinear, dense: Tensor, x: Tensor, reps: int) -> tuple[float, float]:
