@@ -212,8 +212,8 @@ class Engine:
 
         Runs without autograd whatever the caller's grad mode: with it on, a head whose parameters require
         grad records every draft op and copies its whole KV cache each forward (``DraftHead.forward`` keeps
-        training graphs intact that way), which made a batch-1 chain-of-1 step ~20% slower (commit 2.2-2.8 ms
-        against 0.95 on a 2-core Xeon) for library callers that did not think to wrap it. ``no_grad`` rather
+        training graphs intact that way), which made a batch-1 chain-of-1 step ~25% slower (commit 1.9-2.8 ms
+        against 0.9 on a 2-core Xeon) for library callers that did not think to wrap it. ``no_grad`` rather
         than ``inference_mode``: the KV caches outlive a step and are reset outside it (``cancel``)."""
         if self.cache is None:
             self._reserve(self.max_batch_size, self.max_len)
