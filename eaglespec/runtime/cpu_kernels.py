@@ -10,6 +10,7 @@ why; callers then keep torch's kernels.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -87,9 +88,14 @@ def _build(cache_dir: Path | None) -> tuple[bool, str]:
 def build_id() -> str:
     """12 hex digits naming this build of the kernels (their sources, flags and torch version): a changed
     kernel is a new build, and what was measured with the old one (calibration, kernel plans) is not reused
-    (``runtime.quant.machine_fingerprint``)."""
-    digest = hashlib.sha256(" ".join(_FLAGS).encode() + torch.__version__.encode())
-    for src in SOURCES:
+    (``runtime.quant.machine_fingerprint``, asked once per packed weight shape: the digest is read once)."""
+    return _digest(tuple(SOURCES), tuple(_FLAGS), torch.__version__)
+
+
+@functools.lru_cache(maxsize=None)
+def _digest(sources: tuple[Path, ...], flags: tuple[str, ...], torch_version: str) -> str:
+    digest = hashlib.sha256(" ".join(flags).encode() + torch_version.encode())
+    for src in sources:
         digest.update(src.read_bytes())
     return digest.hexdigest()[:12]
 
