@@ -122,6 +122,23 @@ def test_cost_curve_times_its_token_counts_in_rounds(monkeypatch):
         (b, n, float(n), float(n), 3) for b in (1, 2) for n in (1, 2, 4)]
 
 
+@pytest.mark.parametrize("kwargs,named", [
+    ({"n_tokens": ()}, "--cost-tokens"), ({"n_tokens": (0, 2)}, "--cost-tokens"),
+    ({"batch_sizes": ()}, "--cost-batch-sizes"), ({"repeats": 0}, "--cost-repeats"),
+    ({"prefix": 0}, "--cost-prefix"),
+])
+def test_cost_curve_refuses_empty_or_non_positive_settings(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        bench.cost_curve(None, **kwargs)  # refused before the target is touched
+
+
+def test_bench_names_a_flag_that_is_not_a_list_of_integers(model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--model", str(model_dir), "--out", str(tmp_path), "--cost-curve", "--cost-tokens", "1,x"])
+    assert exit_.value.code == 2
+    assert "--cost-tokens must be a comma-separated list of integers, got '1,x'" in capsys.readouterr().err
+
+
 def test_mismatch_detection_recomputes_from_tokens():
     vanilla = [rec("vanilla", 1, 5, 4, 1.0)]
     same = rec("eagle", 1, 5, 2, 0.5)

@@ -850,8 +850,15 @@ def cost_curve(target, n_tokens: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), batch
     shared machine lands in every N's samples instead of in one N's: timed one N after the other, four runs
     within five minutes on a 2-core Xeon read verify(1) at 8.8 to 15.4 ms and verify(8) / verify(1) at 1.32 to
     1.81. Median of `repeats` rounds; `relative` = median(N) / median(1) at the same batch size.
-    `on_record(rec)` is called for each point as its batch size is done.
+    `on_record(rec)` is called for each point as its batch size is done. Raises ValueError on empty or
+    non-positive token counts, batch sizes, prefix or repeats.
     """
+    for name, values in (("token counts (--cost-tokens)", n_tokens), ("batch sizes (--cost-batch-sizes)", batch_sizes)):
+        if not values or min(values) < 1:
+            raise ValueError(f"cost curve: the {name} must be a non-empty list of integers >= 1, got {list(values)}")
+    if prefix < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"cost curve: needs prefix >= 1 (--cost-prefix), repeats >= 1 (--cost-repeats) and warmup "
+                         f">= 0, got {prefix}, {repeats}, {warmup}")
     model = target.model
     device = model.device
     vocab = model.args.vocab_size
@@ -908,16 +915,19 @@ def run_cost_curve(args: argparse.Namespace, target) -> Path:
             f.write(json.dumps({**rec, **extra}) + "\n")
             f.flush()
 
-        cost_curve(target, _ints(args.cost_tokens), _ints(args.cost_batch_sizes), args.cost_prefix,
-                   args.cost_repeats, on_record=write)
+        cost_curve(target, _ints(args.cost_tokens, "--cost-tokens"), _ints(args.cost_batch_sizes, "--cost-batch-sizes"),
+                   args.cost_prefix, args.cost_repeats, on_record=write)
     taus = [float(t) for t in args.tau.split(",")] if args.tau else None
     print(report.cost_curve_summary(out, taus=taus))
     return path
 
 
 # ============================================================================================ CLI
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma-separated list of integers, got {text!r}") from None
 
 
 def register(subparsers) -> None:
@@ -973,8 +983,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           categories=args.categories.split(",") if args.categories else None,
                           max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                           temperatures=[float(t) for t in args.temperature.split(",")], top_p=args.top_p,
-                          seed=args.seed, batch_sizes=_ints(args.batch_size), ignore_eos=args.ignore_eos,
-                          raw=args.raw, resume=args.resume)
+                          seed=args.seed, batch_sizes=_ints(args.batch_size, "--batch-size"),
+                          ignore_eos=args.ignore_eos, raw=args.raw, resume=args.resume)
     except ValueError as e:
         raise BenchError(f"bad value: {e}") from None
     target = None
