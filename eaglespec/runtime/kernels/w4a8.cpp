@@ -28,6 +28,13 @@ namespace {
 
 constexpr int kGroup = 32;
 constexpr int kTile = 16;
+// Groups ahead of the one being multiplied whose weights, scales and zeros are prefetched. With one row the
+// loop is bound by memory; each further row adds VPDPBUSD work during which the loads of the next groups
+// would wait for the hardware prefetcher. Prefetching 16 groups (4 KB of weights) ahead keeps the reads
+// flowing: 2-core Xeon (Emerald Rapids), the model's 121 linears, 30 alternating rounds, medians 1 row
+// 3.13 -> 2.57 ms, 2 rows 3.03 -> 2.6, 4 rows 3.82 -> 3.45, 8 rows 6.45 -> 5.85 at 8-32 groups ahead, outputs
+// identical (docs/RUNTIME.md). Prefetches never fault, so running past a weight's end is harmless.
+constexpr int64_t kPrefetchGroups = 16;
 
 // One row of x: int8 blocks of 32 with scale d and d * sum(q) (the zero point's term).
 void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* s) {
@@ -54,6 +61,12 @@ void tile_rows(const uint8_t* wq, const uint16_t* scale, const uint16_t* zero, i
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
+    const int64_t ahead = g + kPrefetchGroups;
+    for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(wq + ahead * 256 + c * 64), _MM_HINT_T0);
+    if ((ahead & 1) == 0) {  // 32 bytes of scales (and of zeros) a group: one cache line per two groups
+      _mm_prefetch(reinterpret_cast<const char*>(scale + ahead * kTile), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(zero + ahead * kTile), _MM_HINT_T0);
+    }
     __m512i w[8];
     for (int c = 0; c < 4; ++c) {
       __m512i v = _mm512_loadu_si512(wq + (g * 4 + c) * 64);
