@@ -89,7 +89,10 @@ void tile_rows(const uint8_t* wq, const uint16_t* scale, const uint16_t* zero, i
 
 using TileFn = void (*)(const uint8_t*, const uint16_t*, const uint16_t*, int64_t, const int8_t*, const float*,
                         const float*, int64_t, float*, int64_t);
-constexpr int kMaxRows = 6;
+// Rows multiplied per pass over a tile's unpacked weights: a tree of 8 tokens (or a prompt, 8 rows at a time) in
+// one pass. 2-core Xeon, with the prefetch: 7 rows 5.11 -> 4.85 ms, 8 rows 5.61 -> 5.39 against 6 a pass
+// (121 linears, medians of 30 alternating rounds); 1-6 rows run the same code either way.
+constexpr int kMaxRows = 8;
 constexpr TileFn kTileFns[9] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
                                            tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
 
