@@ -44,9 +44,8 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # drafting never reads cheaper than a shorter chain's; 7: the paused step over at most 132 steps (a buffer of
 # 256 pairs: the catch-up is paid when drafting resumes, not while paused); 8: eager norms in one kernel call
 # (every eager cost moved); 9: a tree's drafting is the median of 3 readings taken in rounds over the trees;
-# 10: verify costs per context token; the paused step counts only the catch-ups its run made; 11: the forwards
-# of a batch size timed in rounds after 2 warm-up rounds (the first one after the prompt read 10-25% slow)
-CALIBRATION_VERSION = 11
+# 10: verify costs per context token; the paused step counts only the catch-ups its run made
+CALIBRATION_VERSION = 10
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
@@ -82,34 +81,6 @@ def _time(fn, warmup: int = 1, reps: int = 2, max_reps: int = 7, budget_s: float
     return best
 
 
-def _time_rounds(fns: Mapping[object, object], warmup: int = 2, rounds: int = 3, max_rounds: int = 9,
-                 budget_s: float = 0.25) -> dict[object, float]:
-    """The fastest call of each of ``fns`` (key -> callable), timed in rounds: every round calls each once, in
-    order, after ``warmup`` untimed rounds; at least ``rounds`` rounds, more (up to ``max_rounds``) while the
-    timed calls took under ``budget_s`` per callable together (``_time``'s budget per forward).
-
-    One callable after another (``_time`` each, one warm-up call) read the first one measured after a prompt,
-    the compiled 1-token forward, at 4.8-5.6 ms where 30 calls in a row read 4.25-4.4 (2-core Xeon): all its
-    calls fell in the slow stretch after the prompt's forward, and the plain step priced from it came out 17%
-    dearer than the benchmark's (5.67 against 4.85 ms), so the model predicted 1.09x for a tree that ran 0.97x.
-    In rounds a slow stretch costs one reading of every forward instead of all readings of one (the cost
-    curve's protocol, ``measure.bench.cost_curve``)."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times: dict[object, list[float]] = {k: [] for k in fns}
-    spent, n = 0.0, 0
-    while n < rounds or (n < max_rounds and spent < budget_s * len(fns)):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t
-            times[k].append(dt)
-            spent += dt
-        n += 1
-    return {k: min(v) for k, v in times.items()}
-
-
 @torch.inference_mode()
 def measure_context(model, base: Mapping[tuple[int, int], float], batches: Sequence[int] | None = None,
                     tokens: Sequence[int] | None = None, prefix: int | None = None,
@@ -137,9 +108,8 @@ def measure_context(model, base: Mapping[tuple[int, int], float], batches: Seque
 def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
                    prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
     """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
-    cached tokens: the fastest of 3-9 rounds over the batch size's token counts after 2 warm-up rounds
-    (``_time_rounds``). Points that cost more than a larger forward (``CostTable.stalled``: the machine
-    stalled) are measured again, up to ``retries`` times (``_time``)."""
+    cached tokens (the minimum of 2-7 timed runs after a warm-up, ``_time``). Points that cost more than a
+    larger forward (``CostTable.stalled``: the machine stalled) are measured again, up to ``retries`` rounds."""
     batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
     out: dict[tuple[int, int], float] = {}
     forwards = {}  # (b, n) -> the forward to time
@@ -159,7 +129,7 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
                 synchronize(dev)  # a timed call ends when its kernels have run
 
             forwards[(b, n)] = forward
-        out.update(_time_rounds({(b, n): forwards[(b, n)] for n in tokens}))
+            out[(b, n)] = _time(forwards[(b, n)])
     for _ in range(retries):
         stalled = CostTable(out, {}).stalled()
         if not stalled:
