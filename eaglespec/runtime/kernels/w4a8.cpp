@@ -28,12 +28,12 @@ namespace {
 
 constexpr int kGroup = 32;
 constexpr int kTile = 16;
-// Groups ahead of the one being multiplied whose weights, scales and zeros are prefetched. With one row the
-// loop is bound by memory; each further row adds VPDPBUSD work during which the loads of the next groups
-// would wait for the hardware prefetcher. Prefetching 16 groups (4 KB of weights) ahead keeps the reads
-// flowing: 2-core Xeon (Emerald Rapids), the model's 121 linears, 30 alternating rounds, medians 1 row
-// 3.13 -> 2.57 ms, 2 rows 3.03 -> 2.6, 4 rows 3.82 -> 3.45, 8 rows 6.45 -> 5.85 at 8-32 groups ahead, outputs
-// identical (docs/RUNTIME.md). Prefetches never fault, so running past a weight's end is harmless.
+// Groups ahead of the one being multiplied whose weights, scales and zeros are prefetched into L1. Measured on
+// a 2-core Xeon (Emerald Rapids), the model's 121 linears, medians of 30 alternating rounds: 1 row 2.99 -> 2.53
+// ms, 2 rows 3.04 -> 2.61, 4 rows 3.77 -> 3.38, 8 rows 6.26 -> 5.80, the same from 8 to 32 groups ahead; outputs
+// identical (docs/RUNTIME.md). Presumably the hardware prefetcher, which stops at 4 KB pages, falls behind
+// while the rows' VPDPBUSD work runs (not measured directly). Prefetches never fault, so running past a
+// weight's end is harmless.
 constexpr int64_t kPrefetchGroups = 16;
 
 // One row of x: int8 blocks of 32 with scale d and d * sum(q) (the zero point's term).
