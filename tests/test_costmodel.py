@@ -3,6 +3,7 @@ tree (``none`` for a head that is never accepted, a deep chain for a drafter tha
 calibration."""
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,6 +81,29 @@ def test_calibration_measures_a_stalled_point_again(monkeypatch):
     # six points, then verify(1, 1) again first (other points too if this machine's noise stalls them)
     assert len(calls) >= 7 and calls[6] is calls[0]
     assert verify[(1, 1)] < 5.0
+
+
+def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
+    """calibrate(): a 1-token forward that read slower than the median plain engine step holding it (as the
+    compiled one did: 5.65 ms against ~4.9) is priced at the step, with no overhead on top; consistent
+    readings are kept."""
+    from eaglespec.engine import calibrate as cal
+
+    verify = {(1, 1): 0.00565, (1, 2): 0.0066, (2, 1): 0.008, (2, 2): 0.009}
+    monkeypatch.setattr(cal, "measure_verify", lambda model, batches: dict(verify))
+    monkeypatch.setattr(cal, "measure_context", lambda model, v, batches: {})
+    monkeypatch.setattr(cal, "measure_plain_steps", lambda target, batches: {1: 0.0049, 2: 0.0085})
+    monkeypatch.setattr(cal, "measure_draft", lambda *a, **k: {(1, "chain1"): 0.001, (2, "chain1"): 0.001})
+    monkeypatch.setattr(cal, "measure_paused", lambda *a, **k: {1: 0.0, 2: 0.0})
+    monkeypatch.setattr(cal, "_fingerprint", lambda: "test")
+    table = cal.calibrate(SimpleNamespace(model=None), None, {"chain1": Chain(1)}, batches=(1, 2))
+    assert table.verify[(1, 1)] == pytest.approx(0.0049) and table.overhead[1] == 0.0
+    assert table.verify_cost(1, 1) == pytest.approx(0.0049)  # the plain step as measured, not 5.65 ms
+    assert table.verify[(2, 1)] == pytest.approx(0.008) and table.overhead[2] == pytest.approx(0.0005)
+    assert table.verify[(1, 2)] == pytest.approx(0.0066)  # larger forwards are not touched
+    steps = {1: 0.004}
+    v = {(1, 1): 0.003, (1, 2): 0.005}
+    assert cal.cap_by_plain_steps(v, steps) == [] and v[(1, 1)] == 0.003
 
 
 def test_never_accepted_head_picks_none():
