@@ -1,20 +1,22 @@
-# Sub-phase timing of engine steps: vanilla vs chain1 (compiled or eager), batch B.
-import sys, time, json, collections, torch
+# Sub-phase timing of engine steps: vanilla vs chain1 (compiled or eager), batch B. With PHASE_TIMER_GRAD=1 the
+# engine runs outside torch.inference_mode, as a library caller would (phase_timer_grad_mode.py).
+import contextlib, os, sys, time, collections, torch
+from eaglespec.datasets import encode_messages, load_questions
 from eaglespec.runtime.loading import load_target
 from eaglespec.spec.speculative import load_draft_head, resolve_head_dir, DraftOptions, build_proposer
 from eaglespec.config import GenerationConfig, SamplingParams
 from eaglespec.engine.generate import Engine, Request
 import eaglespec.engine.generate as G
 torch.set_num_threads(2)
+mode = contextlib.nullcontext if os.environ.get("PHASE_TIMER_GRAD") == "1" else torch.inference_mode
 KINDS = sys.argv[5].split(',') if len(sys.argv) > 5 else ['vanilla', 'chain1']
 comp = sys.argv[1] == "1"; B = int(sys.argv[2]); N = int(sys.argv[3]); T = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 t = load_target(compile=comp)
-qs = [json.loads(l) for l in open("/work/shared/data/mt_bench/question.jsonl")]
-cats = collections.defaultdict(list)
-for q in qs: cats[q["category"]].append(q)
-qs = [q for c in cats.values() for q in c[:3]][:N]
+qs = collections.defaultdict(list)
+for q in load_questions("mt_bench=/work/shared/data/mt_bench/question.jsonl", max_turns=1):
+    qs[q.category].append(q)
 tok = t.tokenizer
-prompts = [tok(tok.apply_chat_template([{"role":"user","content":q["turns"][0]}], add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"] for q in qs]
+prompts = [encode_messages(tok, [{"role": "user", "content": q.turns[0]}]) for c in qs.values() for q in c[:3]][:N]
 reqs = [Request(p, GenerationConfig(128, ignore_eos=True, sampling=SamplingParams(temperature=T, seed=i))) for i, p in enumerate(prompts)]
 ph = collections.defaultdict(float)
 def wrap(obj, name, key):
@@ -46,13 +48,13 @@ def run(kind):
     def s(seqs):
         t0 = time.perf_counter(); r = ostep(seqs); ph["step"] += time.perf_counter() - t0; steps[0] += 1; return r
     eng._step = s
-    with torch.inference_mode(): eng.generate(reqs[:1])  # warm
+    with mode(): eng.generate(reqs[:1])  # warm
     cache = eng.cache
     for n in ("compact", "advance"): wrap(cache, n, "cache." + n)
     if eng.proposer is not None:
         for n in ("propose", "commit", "_catch_up", "_record_paused", "_look_back"): wrap(eng.proposer, n, "prop." + n)
     ph.clear(); cnt.clear(); steps[0] = 0
-    with torch.inference_mode():
+    with mode():
         t0 = time.perf_counter(); outs = eng.generate(reqs); tot = time.perf_counter() - t0
     ntok = sum(len(o.token_ids) for o in outs)
     return tot, steps[0], ntok, dict(ph)

@@ -1,10 +1,9 @@
 # Eager end-to-end A/B of row_attention builds (old vs prefetching), swapped in-process at model.py's call site.
-import sys, time, json, collections, statistics, torch
+import sys
+import torch
 from torch.utils.cpp_extension import load
 from eaglespec.runtime.loading import load_target
-from eaglespec.spec.speculative import DraftOptions, build_proposer
-from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.engine.generate import Engine, Request
+from common import kernel_ab, mt_bench_requests
 torch.set_num_threads(2)
 B = int(sys.argv[1]); N = int(sys.argv[2]); REPS = int(sys.argv[3]); KINDS = sys.argv[4].split(","); LEN = int(sys.argv[5]) if len(sys.argv) > 5 else 128
 F = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
@@ -26,29 +25,5 @@ class EaglespecNS:
 ops_shim = type("O", (), {"__getattr__": lambda self, n: EaglespecNS() if n == "eaglespec" else getattr(torch.ops, n)})()
 torch_shim = type("T", (), {"__getattr__": lambda self, n: ops_shim if n == "ops" else getattr(torch, n)})()
 M.torch = torch_shim
-qs = [json.loads(l) for l in open("/work/shared/data/mt_bench/question.jsonl")]
-cats = collections.defaultdict(list)
-for q in qs: cats[q["category"]].append(q)
-qs = [q for c in cats.values() for q in c[3:5]][:N]
-tok = t.tokenizer
-prompts = [tok(tok.apply_chat_template([{"role":"user","content":q["turns"][0]}], add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"] for q in qs]
-reqs = [Request(p, GenerationConfig(LEN, ignore_eos=True, sampling=SamplingParams(temperature=0.0, seed=i))) for i, p in enumerate(prompts)]
-engs = {k: Engine(t, None if k == "vanilla" else build_proposer(t, DraftOptions(tree="chain", depth=int(k[5:])) if k.startswith("chain") else DraftOptions(tree=k)), max_batch_size=B) for k in KINDS}
-res = collections.defaultdict(list); outs_by = {}
-with torch.inference_mode():
-    for k, e in engs.items():
-        for kern in ("old", "new"):
-            cur[0] = kern; e.generate(reqs[:B])
-    for rep in range(REPS):
-        for k, e in engs.items():
-            for kern in (("old", "new") if rep % 2 == 0 else ("new", "old")):
-                cur[0] = kern
-                t0 = time.perf_counter(); o = e.generate(reqs); dt = time.perf_counter() - t0
-                ntok = sum(len(x.token_ids) for x in o)
-                res[k, kern].append(ntok / dt)
-                toks = [x.token_ids for x in o]
-                assert outs_by.setdefault((k, kern), toks) == toks
-for k in KINDS:
-    r = [b / a for a, b in zip(res[k, "old"], res[k, "new"])]
-    print(f"{k:8s} old {statistics.median(res[k,'old']):.1f} new {statistics.median(res[k,'new']):.1f} tok/s; new/old per rep {' '.join(f'{x:.3f}' for x in r)}")
-print("greedy identical old vs new:", all(outs_by[k, "old"] == outs_by[k, "new"] for k in KINDS), "; spec == vanilla:", all(outs_by[k, "new"] == outs_by[KINDS[0], "new"] for k in KINDS))
+reqs = mt_bench_requests(t.tokenizer, N, first=3, per_category=2, tokens=LEN)
+kernel_ab(t, KINDS, B, reqs, REPS, lambda name: cur.__setitem__(0, name))

@@ -1,20 +1,14 @@
 # Per-step A/B: vanilla vs a proposer that stays paused (tree none) vs auto; alternated, one process.
-import sys, time, json, collections, statistics, torch
+import sys, time, collections, statistics, torch
 from eaglespec.runtime.loading import load_target
-from eaglespec.spec.speculative import DraftOptions, build_proposer
-from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.speculative import DraftOptions
+from eaglespec.engine.generate import Engine
+from common import mt_bench_requests, proposer
 torch.set_num_threads(2)
 comp = sys.argv[1] == "1"; B = int(sys.argv[2]); N = int(sys.argv[3]); T = float(sys.argv[4]); REPS = int(sys.argv[5])
 KINDS = sys.argv[6].split(',')
 t = load_target(compile=comp)
-qs = [json.loads(l) for l in open("/work/shared/data/mt_bench/question.jsonl")]
-cats = collections.defaultdict(list)
-for q in qs: cats[q["category"]].append(q)
-qs = [q for c in cats.values() for q in c[:3]][:N]
-tok = t.tokenizer
-prompts = [tok(tok.apply_chat_template([{"role":"user","content":q["turns"][0]}], add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"] for q in qs]
-reqs = [Request(p, GenerationConfig(128, ignore_eos=True, sampling=SamplingParams(temperature=T, seed=i))) for i, p in enumerate(prompts)]
+reqs = mt_bench_requests(t.tokenizer, N, temperature=T)
 from eaglespec.engine.generate import NO_DRAFT
 class Dummy:
     def __init__(self, hi): self.hidden_indices = hi; self.max_tree_nodes = 1
@@ -30,7 +24,7 @@ def mkprop(kind):
     if kind == "auto":
         from eaglespec.engine.calibrate import build_calibrated_proposer
         return build_calibrated_proposer(t, DraftOptions())
-    return build_proposer(t, DraftOptions(tree=kind))
+    return proposer(t, kind)
 engs = {k: Engine(t, mkprop(k), max_batch_size=B) for k in KINDS}
 res = collections.defaultdict(list)
 for k, eng in engs.items():
