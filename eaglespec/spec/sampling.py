@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from eaglespec.runtime.logits import argmax
+
 
 def process_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Target logits [..., V] -> sampling distribution probs [..., V] (float32, rows sum to 1).
@@ -30,7 +32,7 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int = 0, top
     logits = logits.float()  # [..., V]
     V = logits.shape[-1]
     if temperature == 0:
-        top = logits.argmax(dim=-1, keepdim=True)  # [..., 1]
+        top = argmax(logits)[..., None]  # [..., 1]
         return torch.zeros_like(logits).scatter_(-1, top, 1.0)
     if temperature < 1e-2:
         # 1 / temperature can overflow float32 (or temperature underflow to 0): shift the maximum to 0 first and

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eaglespec.runtime.logits import argmax
 from eaglespec.spec.sampling import sample_from_probs
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def verify_greedy(tree: DraftTree, target_logits: torch.Tensor, *, max_depth: in
     """
     B, N, _ = target_logits.shape
     width = _path_width(tree, max_depth)
-    target = target_logits.argmax(dim=-1)  # [B, N] target token after each node
+    target = argmax(target_logits)  # [B, N] target token after each node
     path = _new_path(B, width, target.device)  # [B, D+1]
     cur = torch.zeros(B, dtype=torch.long, device=target.device)  # [B] current (last accepted) node
     alive = torch.ones(B, dtype=torch.bool, device=target.device)  # [B] still accepting

@@ -1,0 +1,99 @@
+"""Our selection kernels (kernels/select.cpp: argmax and top-k of vocabulary rows) against torch's, and where
+runtime.logits uses them."""
+
+import pytest
+import torch
+
+from eaglespec.runtime import cpu_kernels
+from eaglespec.runtime.logits import argmax, rescored_logits, topk_indices
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
+                                reason=f"our CPU kernels do not run here: {cpu_kernels.unavailable_reason()}")
+
+SHAPES = [(1, 1, 49152), (3, 8192), (2, 5, 1000), (7,), (4, 33), (2, 16), (1, 17), (1, 15), (6, 130)]
+
+
+def _rows(shape, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 4
+    if kind == "ties":  # few distinct values: equal maxima, equal k-th values
+        x = x.round()
+    elif kind == "neginf":  # masked logits
+        x[..., ::2] = float("-inf")
+    elif kind == "all_neginf":
+        x.fill_(float("-inf"))
+    elif kind == "nan":  # NaN ranks above every number, as in torch
+        x.view(-1)[x.numel() // 3] = float("nan")
+        x.view(-1)[x.numel() // 2] = float("nan")
+    elif kind == "peak_in_tail":  # the largest values in the row's last, partial block (and vector)
+        x[..., -1] = 1e4
+        x[..., -2] = 1e4 - 1
+    return x
+
+
+KINDS = ["randn", "ties", "neginf", "all_neginf", "nan", "peak_in_tail"]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_argmax_is_torchs_first_maximum(shape, kind):
+    x = _rows(shape, kind, sum(shape) + KINDS.index(kind))
+    got = torch.ops.eaglespec.argmax_rows(x)
+    assert got.dtype == torch.long and got.shape == x.shape[:-1]
+    assert torch.equal(got, x.argmax(-1))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k", [1, 4, 32])
+def test_topk_selects_torchs_values_in_order_with_ties_by_index(shape, kind, k):
+    if k > shape[-1]:
+        pytest.skip("k > V")
+    x = _rows(shape, kind, 7 * sum(shape) + k)
+    got = torch.ops.eaglespec.topk_rows(x, k)
+    assert got.dtype == torch.long and got.shape == (*x.shape[:-1], k)
+    values = x.gather(-1, got)
+    ref = x.topk(k, dim=-1).values
+    assert torch.equal(values.nan_to_num(nan=1e30), ref.nan_to_num(nan=1e30))  # the same values, descending
+    assert (got.sort(-1).values.diff(dim=-1) > 0).all()  # k distinct indices
+    # equal values come by ascending index (the expected order, built by a stable sort of the row)
+    order = torch.sort(x.nan_to_num(nan=float("inf")), dim=-1, descending=True, stable=True).indices[..., :k]
+    assert torch.equal(got, order)
+
+
+def test_a_rows_selection_does_not_depend_on_the_other_rows():
+    """Decoding selects over one row, verification over many (split over threads from 5 rows): the same row gives
+    the same indices either way, which keeps greedy speculation identical to plain decoding."""
+    x = _rows((9, 49152), "ties", 3)
+    many_top, many_arg = torch.ops.eaglespec.topk_rows(x, 32), torch.ops.eaglespec.argmax_rows(x)
+    for i in range(9):
+        assert torch.equal(torch.ops.eaglespec.topk_rows(x[i : i + 1], 32)[0], many_top[i])
+        assert torch.equal(torch.ops.eaglespec.argmax_rows(x[i : i + 1])[0], many_arg[i])
+
+
+def test_bad_input_is_refused_with_the_problem_named():
+    x = torch.randn(2, 100)
+    with pytest.raises(RuntimeError, match="k must be in"):
+        torch.ops.eaglespec.topk_rows(x, 0)
+    with pytest.raises(RuntimeError, match="k must be in"):
+        torch.ops.eaglespec.topk_rows(x, 101)
+    with pytest.raises(RuntimeError, match="float32 scores only"):
+        torch.ops.eaglespec.argmax_rows(x.double())
+    with pytest.raises(RuntimeError, match="V > 0"):
+        torch.ops.eaglespec.argmax_rows(torch.empty(3, 0))
+
+
+def test_logits_helpers_use_the_kernels_for_float32_cpu_rows_and_torch_otherwise():
+    x = _rows((2, 3, 49152), "randn", 11)
+    assert torch.equal(argmax(x), torch.ops.eaglespec.argmax_rows(x))
+    assert torch.equal(topk_indices(x, 32), torch.ops.eaglespec.topk_rows(x, 32))
+    w = x.clone().requires_grad_(True)  # no autograd through the kernels: indices of a detached copy
+    assert torch.equal(argmax(w), x.argmax(-1))
+    half = x.bfloat16()  # other dtypes keep torch's
+    assert torch.equal(argmax(half), half.argmax(-1))
+    assert torch.equal(topk_indices(half, 5), half.topk(5, dim=-1).indices)
+    h, wt = torch.randn(4, 64), torch.randn(3000, 64)  # the rescoring ranks with them: same as torch's topk here
+    got = rescored_logits(h, lambda v: torch.nn.functional.linear(v.bfloat16(), wt.bfloat16()), wt, top=16)
+    approx = torch.nn.functional.linear(h.bfloat16(), wt.bfloat16()).float()
+    cand = topk_indices(approx, 16)  # (bfloat16 scores tie: torch's topk may pick other tied indices)
+    torch.testing.assert_close(got.gather(-1, cand), (h @ wt.T).gather(-1, cand), rtol=1e-5, atol=1e-5)
