@@ -50,6 +50,7 @@ __all__ = [
     "UnsupportedModelError",
     "LayerWeights",
     "apply_rotary",
+    "silu_mul",
     "attention",
     "cached_attention",
     "decoder_layer",
@@ -210,6 +211,14 @@ def _active_window(d: Mapping[str, Any], model_type: str, n_layers: int) -> int 
 
 
 # =========================================================================================== building blocks
+def _eager_kernel(*tensors: Tensor) -> bool:
+    """Whether our one-call CPU kernels (``cpu_kernels``) compute this step: float32 CPU tensors, the kernels
+    loaded in this process, nothing that needs gradients, nothing being compiled (inductor fuses the same
+    elementwise work itself)."""
+    return (cpu_kernels.loaded() and not torch.compiler.is_compiling()
+            and all(t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in tensors))
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF-style RMSNorm: normalize in float32 over the last dim, cast back, then scale by ``weight``.
 
@@ -217,9 +226,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     the CPU go through our one-call kernel (``kernels/rms_norm.cpp``) where it is loaded in this process and
     nothing needs gradients or is being compiled (inductor fuses the norm itself).
     """
-    if (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
-            and weight.dim() == 1 and cpu_kernels.loaded() and not (x.requires_grad or weight.requires_grad)
-            and not torch.compiler.is_compiling()):
+    if weight.dim() == 1 and _eager_kernel(x, weight):
         return torch.ops.eaglespec.rms_norm(x, weight, eps)
     dtype = x.dtype
     y = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
@@ -306,8 +313,20 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """Rotate ``x`` [B, T, heads, D] with tables from ``Rotary`` ([B, T, 1, D])."""
+    """Rotate ``x`` [B, T, heads, D] with tables from ``Rotary`` ([B, T, 1, D]): float32 on the CPU in one
+    kernel call (``kernels/layer_elementwise.cpp``) where ``_eager_kernel`` says so."""
+    if x.dim() == 4 and _eager_kernel(x, cos, sin_signed):
+        table = (x.shape[0], x.shape[1], 1, x.shape[3])
+        return torch.ops.eaglespec.rotary(x, cos.expand(table), sin_signed.expand(table))
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """SwiGLU's ``silu(gate) * up`` ([..., I] each): float32 on the CPU in one kernel call
+    (``kernels/layer_elementwise.cpp``) where ``_eager_kernel`` says so."""
+    if _eager_kernel(gate, up) and gate.shape == up.shape:
+        return torch.ops.eaglespec.silu_mul(gate, up)
+    return F.silu(gate) * up
 
 
 @dataclass
@@ -603,7 +622,7 @@ class DecoderLayer(nn.Module):
 
     def feed_forward(self, x: Tensor, prefill: bool = False) -> Tensor:
         gate, up = linear(rms_norm(x, self.mlp_norm, self.eps), self.w13, self.b13, prefill).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.w2, self.b2, prefill)
+        return linear(silu_mul(gate, up), self.w2, self.b2, prefill)
 
 
 @dataclass

@@ -64,6 +64,7 @@ from eaglespec.runtime.model import (
     cached_attention,
     decoder_layer,
     plan_attention,
+    silu_mul,
 )
 
 __all__ = [
@@ -353,7 +354,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
     def forward(self, x: Tensor, prefill: bool = False) -> Tensor:
-        return project(self.down_proj, F.silu(project(self.gate_proj, x, prefill)) * project(self.up_proj, x, prefill),
+        return project(self.down_proj, silu_mul(project(self.gate_proj, x, prefill), project(self.up_proj, x, prefill)),
                        prefill)
 
 
