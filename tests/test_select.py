@@ -43,12 +43,9 @@ def test_argmax_is_torchs_first_maximum(shape, kind):
     assert torch.equal(got, x.argmax(-1))
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape,k", [(shape, k) for shape in SHAPES for k in (1, 4, 32) if k <= shape[-1]])
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("k", [1, 4, 32])
 def test_topk_selects_torchs_values_in_order_with_ties_by_index(shape, kind, k):
-    if k > shape[-1]:
-        pytest.skip("k > V")
     x = _rows(shape, kind, 7 * sum(shape) + k)
     got = torch.ops.eaglespec.topk_rows(x, k)
     assert got.dtype == torch.long and got.shape == (*x.shape[:-1], k)
