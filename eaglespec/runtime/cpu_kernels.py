@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SOURCES", "available", "cpuinfo", "loaded", "unavailable_reason"]
+__all__ = ["SOURCES", "available", "cpuinfo", "loaded", "serves", "unavailable_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +138,12 @@ def loaded() -> bool:
     could use them on any model (``model.rms_norm``) asks this, so that only the paths that need them (packed
     int4 weights in ``w4a8``, ``row_attention``) pay for a build."""
     return bool(_state.get("ok"))
+
+
+def serves(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels can take these tensors: loaded in this process (``loaded``) and every tensor float32
+    on the CPU. What else a caller needs (no gradients, not being compiled) is the caller's to add."""
+    return loaded() and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
 def unavailable_reason() -> str:

@@ -49,9 +49,10 @@ def rescored_logits(hidden: Tensor, fast: Callable[[Tensor], Tensor], weight: Te
 
 
 def _own_kernel(x: Tensor) -> bool:
-    """Whether ``x`` goes to our selection kernels (``kernels/select.cpp``): float32 scores on the CPU, with the
-    kernels loaded in this process (``cpu_kernels.loaded``: packed models load them; others keep torch's)."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and x.shape[-1] > 0 and cpu_kernels.loaded()
+    """Whether ``x`` goes to our selection kernels (``kernels/select.cpp``): ``cpu_kernels.serves`` it (packed
+    models load the kernels; others keep torch's). Unlike the layer kernels, also while compiling (the op is
+    registered for graphs) and under autograd (indices carry no gradient: the kernels read a detached view)."""
+    return x.shape[-1] > 0 and cpu_kernels.serves(x)
 
 
 def argmax(x: Tensor) -> Tensor:

@@ -215,8 +215,8 @@ def _eager_kernel(*tensors: Tensor) -> bool:
     """Whether our one-call CPU kernels (``cpu_kernels``) compute this step: float32 CPU tensors, the kernels
     loaded in this process, nothing that needs gradients, nothing being compiled (inductor fuses the same
     elementwise work itself)."""
-    return (cpu_kernels.loaded() and not torch.compiler.is_compiling()
-            and all(t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in tensors))
+    return (cpu_kernels.serves(*tensors) and not torch.compiler.is_compiling()
+            and not any(t.requires_grad for t in tensors))
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
