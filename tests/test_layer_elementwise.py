@@ -16,10 +16,9 @@ def _rotary_reference(x, cos, sin_signed):
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
-def _tables(b, t, d, g, batch_dim=True):
-    cos, sin = torch.randn(b if batch_dim else 1, t, 1, d, generator=g), torch.randn(b if batch_dim else 1, t, 1, d,
-                                                                                     generator=g)
-    return cos, sin
+def _tables(b, t, d, g):
+    """Random cos and sin_signed tables [b, t, 1, d] (b = 1: one table broadcast over the batch)."""
+    return torch.randn(b, t, 1, d, generator=g), torch.randn(b, t, 1, d, generator=g)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 12, 64), (2, 5, 4, 128), (3, 2, 2, 40), (1, 3, 1, 6)])
@@ -41,7 +40,7 @@ def test_rotary_matches_torchs_operators(shape):
 def test_rotary_broadcasts_tables_and_refuses_bad_shapes():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 4, 2, 64, generator=g)
-    cos, sin = _tables(3, 4, 64, g, batch_dim=False)  # [1, T, 1, D]: apply_rotary expands it
+    cos, sin = _tables(1, 4, 64, g)  # [1, T, 1, D]: apply_rotary expands it
     with torch.inference_mode():
         torch.testing.assert_close(apply_rotary(x, cos, sin), _rotary_reference(x, cos, sin), rtol=1e-6, atol=1e-6)
     with pytest.raises(RuntimeError, match="expanded to"):
