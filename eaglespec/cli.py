@@ -12,7 +12,7 @@ import sys
 import time
 
 from eaglespec.config import ConfigError, GenerationConfig, SamplingParams
-from eaglespec.flags import add_draft_args, add_model_args, draft_options
+from eaglespec.flags import add_draft_args, add_model_args, draft_options, draft_temperature
 
 log = logging.getLogger("eaglespec")
 
@@ -176,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "precision and head, and used by --tree auto.")
     add_model_args(c)
     c.add_argument("--draft", default=None, help="EAGLE head directory (default: the shipped head)")
-    c.add_argument("--draft-temperature", type=float, default=0.0,
-                   help="> 0: calibrate the candidates of draft sampling (chains only)")
+    c.add_argument("--draft-temperature", type=draft_temperature, default=None, metavar="T|request",
+                   help="> 0: calibrate the candidates of draft sampling at that fixed temperature (chain/static "
+                        "trees only); default: each request's own, every candidate")
     c.add_argument("--draft-alignment", default="stable", choices=["stable", "last"])
     c.add_argument("--threads", type=int, default=None, help="torch CPU threads (part of the machine key)")
     c.add_argument("--force", action="store_true", help="measure again even when a cached calibration exists")

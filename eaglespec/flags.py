@@ -52,13 +52,28 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--topk", type=int, default=None, help="dynamic tree: children and expansions per level")
     d.add_argument("--tree-tokens", type=int, default=None, help="dynamic tree: draft nodes kept")
     d.add_argument("--tree-paths", default=None, help="static tree as JSON top-k rank paths")
-    d.add_argument("--draft-temperature", type=float, default=0.0,
-                   help="0 = top-k draft children; > 0 = children sampled from the draft (chain/static)")
+    d.add_argument("--draft-temperature", type=draft_temperature, default=None, metavar="T|request",
+                   help="request (default) = each request's own temperature: greedy requests draft top-k "
+                        "children, sampled ones sample them at their T (chain/static trees); 0 = top-k for "
+                        "every request; > 0 = every request samples its children at T (chain/static)")
     d.add_argument("--draft-alignment", default="stable", choices=["stable", "last"],
                    help="draft KV after verification: re-encode accepted tokens (stable) or only the tail (last)")
     d.add_argument("--no-calibrate", action="store_true",
                    help="--tree auto: use the static table by batch size instead of this machine's measured "
                         "costs and live acceptance")
+
+
+def draft_temperature(text: str) -> float | None:
+    """``--draft-temperature``: "request" (None: each request's own temperature) or a number >= 0."""
+    if text.strip().lower() == "request":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'request' or a number >= 0, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 'request' or >= 0, got {text!r}")
+    return value
 
 
 def draft_options(args: argparse.Namespace):

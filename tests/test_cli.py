@@ -134,3 +134,21 @@ def test_the_parser_needs_no_server_packages():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'pydantic', 'uvicorn', 'starlette'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_draft_temperature_flag_takes_request_or_a_number_and_refuses_the_rest(capsys):
+    import argparse
+
+    from eaglespec.flags import add_draft_args, draft_options
+
+    p = argparse.ArgumentParser()
+    add_draft_args(p)
+    p.add_argument("--seed", type=int, default=None)
+    assert draft_options(p.parse_args([])).draft_temperature is None  # default: each request's own
+    assert draft_options(p.parse_args(["--draft-temperature", "request"])).draft_temperature is None
+    assert draft_options(p.parse_args(["--draft-temperature", "0.7"])).draft_temperature == 0.7
+    assert draft_options(p.parse_args(["--draft-temperature", "0"])).draft_temperature == 0.0
+    for bad in ("-0.5", "nan", "warm"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--draft-temperature", bad])
+        assert "--draft-temperature" in capsys.readouterr().err

@@ -58,6 +58,8 @@ def exact_joint(target) -> torch.Tensor:
     (StaticTree([[0], [1], [2], [0, 0], [0, 1], [1, 0]]), 0.0),  # deterministic top-k children
     (Chain(2), 1.0),  # children sampled from the draft
     (StaticTree([[0], [1], [0, 0], [0, 1], [1, 0]]), 0.8),  # sampled without replacement
+    (Chain(2), None),  # the default: children sampled at the request's own temperature (one draw per node)
+    (StaticTree([[0], [1], [0, 0], [0, 1], [1, 0]]), None),  # ... and without replacement where k > 1
 ])
 def test_first_three_tokens_follow_the_vanilla_distribution(small, tree, draft_temperature):
     torch.manual_seed(0)

@@ -169,6 +169,32 @@ def test_dispatcher_can_pause_speculation_and_resume(tiny, vanilla):
 
 
 @pytest.mark.parametrize("tree", ["chain4", "static"])
+def test_default_draft_temperature_is_each_requests_own(tiny, tree):
+    """draft_temperature None (the default): in one batch, a sampled request drafts exactly as with its own
+    temperature fixed (same tokens, same acceptance: its children are drawn at its T from its own generator),
+    and a greedy request exactly as with top-k children (its output is vanilla's)."""
+    tok = tiny_tokenizer()
+    sampled = Request(tok.encode(PROMPTS[1]), GenerationConfig(30, SamplingParams(temperature=0.8, seed=7),
+                                                               ignore_eos=True))
+    greedy = Request(tok.encode(PROMPTS[2]), GenerationConfig(30, SamplingParams(temperature=0.0), ignore_eos=True))
+    head = make_head(tiny, "eagle3")
+    with torch.inference_mode():
+        mixed = Engine(tiny, EagleProposer(head, TREES[tree]), max_batch_size=2).generate([sampled, greedy])
+        fixed = Engine(tiny, EagleProposer(head, TREES[tree], draft_temperature=0.8)).generate([sampled])[0]
+        top_k = Engine(tiny, EagleProposer(head, TREES[tree], draft_temperature=0.0)).generate([greedy])[0]
+        vanilla = Engine(tiny, None).generate([greedy])[0]
+    assert mixed[0].token_ids == fixed.token_ids and len(fixed.token_ids) == 30
+    assert mixed[0].stats.accepted_per_position == fixed.stats.accepted_per_position
+    assert mixed[1].token_ids == top_k.token_ids == vanilla.token_ids
+    assert mixed[1].stats.accepted_per_position == top_k.stats.accepted_per_position
+    # the two rules differ for the sampled request (else this test could not tell them apart)
+    with torch.inference_mode():
+        greedy_drafts = Engine(tiny, EagleProposer(head, TREES[tree], draft_temperature=0.0)).generate([sampled])[0]
+    assert (greedy_drafts.token_ids, greedy_drafts.stats.accepted_per_position) != \
+        (fixed.token_ids, fixed.stats.accepted_per_position)
+
+
+@pytest.mark.parametrize("tree", ["chain4", "static"])
 def test_sampled_drafts_of_a_row_do_not_depend_on_its_batch(tiny, tree):
     """--draft-temperature > 0: each row samples its drafts from a generator derived from its own seed, so a
     seeded request gives the same tokens (and the same acceptance) alone and inside a batch of others."""

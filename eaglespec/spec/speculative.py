@@ -40,8 +40,10 @@ class DraftOptions:
     """Dynamic tree: draft nodes kept after reranking (default 16)."""
     tree_paths: str | None = None
     """Static tree as a JSON list of top-k rank paths, e.g. "[[0],[1],[0,0]]"."""
-    draft_temperature: float = 0.0
-    """0 = draft top-k children; > 0 = sample children from the draft (chain/static trees)."""
+    draft_temperature: float | None = None
+    """None = each request's own temperature (greedy requests draft top-k children, sampled ones sample their
+    children at their T where the tree allows: chain and static); 0 = top-k children for every request; > 0 =
+    every request samples its children at this temperature (chain/static trees only)."""
     alignment: str = "stable"
     """Draft-KV alignment after verification: "stable" (re-encode accepted tokens with true features) or
     "last" (keep drafted K/V, re-encode only the tail; Meta)."""
