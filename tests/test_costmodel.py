@@ -92,8 +92,10 @@ def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
     verify = {(1, 1): 0.00565, (1, 2): 0.0066, (2, 1): 0.008, (2, 2): 0.009}
     monkeypatch.setattr(cal, "measure_verify", lambda model, batches: dict(verify))
     monkeypatch.setattr(cal, "measure_context", lambda model, v, batches: {})
-    monkeypatch.setattr(cal, "measure_plain_steps", lambda target, batches: {1: 0.0049, 2: 0.0085})
-    monkeypatch.setattr(cal, "measure_draft", lambda *a, **k: {(1, "chain1"): 0.001, (2, "chain1"): 0.001})
+    monkeypatch.setattr(cal, "measure_plain_steps", lambda target, batches, temperature=0.0: {
+        1: 0.0049 + (0.0004 if temperature else 0.0), 2: 0.0085 + (0.0006 if temperature else 0.0)})
+    monkeypatch.setattr(cal, "measure_draft", lambda *a, temperature=0.0, **k: {
+        (1, "chain1"): 0.0015 if temperature else 0.001, (2, "chain1"): 0.001})
     monkeypatch.setattr(cal, "measure_paused", lambda *a, **k: {1: 0.0, 2: 0.0})
     monkeypatch.setattr(cal, "_fingerprint", lambda: "test")
     table = cal.calibrate(SimpleNamespace(model=None), None, {"chain1": Chain(1)}, batches=(1, 2))
@@ -101,6 +103,14 @@ def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
     assert table.verify_cost(1, 1) == pytest.approx(0.0049)  # the plain step as measured, not 5.65 ms
     assert table.verify[(2, 1)] == pytest.approx(0.008) and table.overhead[2] == pytest.approx(0.0005)
     assert table.verify[(1, 2)] == pytest.approx(0.0066)  # larger forwards are not touched
+    # sampled requests: their plain step over the same (capped) forward, their own drafting
+    assert table.sampled_overhead == pytest.approx({1: 0.0004, 2: 0.0011})
+    sampled = table.for_sampled()
+    assert sampled.verify_cost(1, 1) == pytest.approx(0.0053) and sampled.draft_cost(1, "chain1") == 0.0015
+    assert table.verify_cost(1, 1) == pytest.approx(0.0049) and table.draft_cost(1, "chain1") == 0.001
+    again = cal._from_json(cal._to_json(table))
+    assert again.sampled_overhead == pytest.approx(table.sampled_overhead)
+    assert again.sampled_draft == pytest.approx(table.sampled_draft)
     steps = {1: 0.004}
     v = {(1, 1): 0.003, (1, 2): 0.005}
     assert cal.cap_by_plain_steps(v, steps) == [] and v[(1, 1)] == 0.003
@@ -552,7 +562,7 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
 
     from eaglespec.engine import calibrate as cal
 
-    def steps(target, proposer, batch, n, prompt):  # steps: 30 ms with a tree, 12 ms plain, one stall; drafting 1 ms
+    def steps(target, proposer, batch, n, prompt, temperature=0.0):  # steps: 30 ms with a tree, 12 ms plain, one stall; drafting 1 ms
         stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))
         return [0.030 if proposer is not None else 0.012] * 9 + [0.5], stats
 
@@ -588,7 +598,7 @@ def test_calibration_measures_the_paused_step_with_its_catch_ups(monkeypatch):
 
     from eaglespec.engine import calibrate as cal
 
-    def steps(target, proposer, batch, n, prompt):  # paused: 11 ms a step and a 40 ms catch-up every 8th
+    def steps(target, proposer, batch, n, prompt, temperature=0.0):  # paused: 11 ms a step and a 40 ms catch-up every 8th
         if proposer is None:
             return [0.010] * 16, None
         return [0.051 if i % 8 == 7 else 0.011 for i in range(16)], None
@@ -598,7 +608,7 @@ def test_calibration_measures_the_paused_step_with_its_catch_ups(monkeypatch):
     assert got[1] == pytest.approx(0.001 + 2 * 0.040 / 16)
     assert set(got) == {1, 2, 4}
     asked = []
-    monkeypatch.setattr(cal, "_step_times", lambda t, p, b, n, prompt: asked.append(n) or steps(t, p, b, n, prompt))
+    monkeypatch.setattr(cal, "_step_times", lambda t, p, b, n, prompt, temperature=0.0: asked.append(n) or steps(t, p, b, n, prompt))
     cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=8), batches=(1,), reps=1)
     cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=256), batches=(1,), reps=1)
     assert asked == [36, 36, cal.PAUSED_STEPS + 4, cal.PAUSED_STEPS + 4]  # 2 x max(buffer, 16), a request at most
@@ -614,7 +624,7 @@ def test_a_longer_chain_is_never_calibrated_cheaper_than_a_shorter_one(monkeypat
 
     per_step = {1: 0.003, 2: 0.0025, 3: 0.004}  # seconds of drafting a step: the chain of 2 read low
 
-    def steps(target, proposer, batch, n, prompt):
+    def steps(target, proposer, batch, n, prompt, temperature=0.0):
         stats = SimpleNamespace(target_forwards=n - 1, draft_s=per_step[proposer.depth] * (n - 1))
         return [0.01] * n, stats
 
@@ -625,6 +635,26 @@ def test_a_longer_chain_is_never_calibrated_cheaper_than_a_shorter_one(monkeypat
     assert got[(1, "chain1")] == pytest.approx(0.003)
     assert got[(1, "chain2")] == pytest.approx(0.003)  # raised to the chain of 1's
     assert got[(1, "chain3")] == pytest.approx(0.004)
+
+
+def test_a_batch_holding_a_sampled_request_is_priced_by_the_sampled_calibration():
+    """Sampled requests cost more per step (sampling, the sampled verification rule, drawn children): the
+    dispatcher prices a batch holding one by the sampled overhead and drafting. Here the chain of 1 pays for
+    greedy rows and not for sampled ones at the same acceptance, so the choice follows the rows' kind."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = flat_costs()
+    costs.sampled_overhead = {1: 0.0, 4: 0.0}
+    costs.sampled_draft = {(b, f"chain{d}"): 0.008 * d for b in (1, 4) for d in range(1, 7)}
+    d = AdaptiveDispatcher(CostTable(costs.verify, costs.draft, sampled_overhead=costs.sampled_overhead,
+                                     sampled_draft=costs.sampled_draft), [Chain(1)])
+    d.pools[True] = AcceptanceTracker(prior=(0.6,) * 6)  # sampled rows start as accepted as greedy ones
+    d.start_row(0)
+    assert d.pick(1, [0]).label == "chain1"
+    d.end_row(0)
+    d.start_row(0, sampled=True)
+    picks = [d.pick(1, [0]).label for _ in range(d.repick_every)]  # chosen again within repick_every steps
+    assert picks[-1] == "none" and d.last.label == "none"
 
 
 def test_greedy_and_sampled_requests_pool_their_acceptance_apart():
@@ -671,7 +701,7 @@ def test_a_burst_of_load_during_one_reading_does_not_set_a_trees_cost(monkeypatc
 
     order = []
 
-    def steps(target, proposer, batch, n, prompt):
+    def steps(target, proposer, batch, n, prompt, temperature=0.0):
         if n == cal.LONG_STEPS:
             order.append(proposer.label)
         burst = 5.0 if order.count("chain1") == 1 and proposer.label == "chain1" else 1.0  # chain1's 1st reading

@@ -46,7 +46,9 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # (every eager cost moved); 9: a tree's drafting is the median of 3 readings taken in rounds over the trees;
 # 10: verify costs per context token; the paused step counts only the catch-ups its run made; 11: a 1-token
 # forward never priced above the median plain engine step (``cap_by_plain_steps``)
-CALIBRATION_VERSION = 11
+# 12: overhead and drafting measured again with sampling requests (T=1: children drawn at the request's temperature)
+CALIBRATION_VERSION = 12
+SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
 PREFIX = 128
@@ -148,14 +150,17 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
 SHORT_STEPS, LONG_STEPS = 4, 20
 
 
-def _step_times(target, proposer, batch: int, steps: int, prompt: list[int]) -> tuple[list[float], object]:
+def _step_times(target, proposer, batch: int, steps: int, prompt: list[int],
+                temperature: float = 0.0) -> tuple[list[float], object]:
     """(wall seconds of each decode step of one engine run of ``steps`` new tokens per row, the first
-    request's stats): the prefill and the first two steps left out (they pay the run's one-off costs)."""
-    from eaglespec.config import GenerationConfig
+    request's stats): the prefill and the first two steps left out (they pay the run's one-off costs).
+    ``temperature`` > 0: the requests sample (seeded), and so do their drafts under the default rule."""
+    from eaglespec.config import GenerationConfig, SamplingParams
     from eaglespec.engine.generate import Engine, Request
 
     engine = Engine(target, proposer, max_batch_size=batch)
-    reqs = [Request(prompt, GenerationConfig(steps, ignore_eos=True)) for _ in range(batch)]
+    reqs = [Request(prompt, GenerationConfig(steps, SamplingParams(temperature=temperature, seed=i), ignore_eos=True))
+            for i in range(batch)]
     done: list = []
     times, last = [], time.perf_counter()
     for _ in engine.stream(reqs, on_finish=done.append):
@@ -178,7 +183,7 @@ def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key
 
 @torch.inference_mode()
 def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
-                  costs: CostTable | None = None, reps: int = 3) -> dict[tuple[int, str], float]:
+                  costs: CostTable | None = None, reps: int = 3, temperature: float = 0.0) -> dict[tuple[int, str], float]:
     """Seconds per step that each candidate (label -> tree strategy) costs beyond its target forward and the
     engine's per-step overhead, at each batch size. The engine runs a short and a long decode with that tree on
     a fixed prompt (after a warm-up run): the extra draft seconds of the long run over its extra target
@@ -200,10 +205,10 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     for rep in range(reps):
         for label, tree in trees.items():
             for b in measured:
-                if rep == 0 and b == measured[0]:
-                    _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt)  # warm-up, once per tree
-                _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt)
-                times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt)
+                if rep == 0 and b == measured[0]:  # warm-up, once per tree
+                    _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt, temperature)
+                _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt, temperature)
+                times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
                 forwards = long.target_forwards - short.target_forwards
                 cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
                     long.draft_s / max(long.target_forwards, 1)
@@ -251,13 +256,15 @@ def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: S
 
 
 @torch.inference_mode()
-def measure_plain_steps(target, batches: Sequence[int] | None = None, reps: int = 3) -> dict[int, float]:
+def measure_plain_steps(target, batches: Sequence[int] | None = None, reps: int = 3,
+                        temperature: float = 0.0) -> dict[int, float]:
     """The median wall time of a plain (no drafting) engine decode step at each batch size, each step timed on
-    its own over ``reps`` runs after a warm-up run."""
+    its own over ``reps`` runs after a warm-up run (of requests sampling at ``temperature``)."""
     batches = batches or BATCHES
     prompt = list(range(5, 5 + PREFIX))
-    _step_times(target, None, 1, SHORT_STEPS, prompt)  # warm-up
-    return {b: statistics.median([t for _ in range(reps) for t in _step_times(target, None, b, LONG_STEPS, prompt)[0]])
+    _step_times(target, None, 1, SHORT_STEPS, prompt, temperature)  # warm-up
+    return {b: statistics.median([t for _ in range(reps)
+                                  for t in _step_times(target, None, b, LONG_STEPS, prompt, temperature)[0]])
             for b in batches}
 
 
@@ -333,8 +340,16 @@ def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: 
     draft = measure_draft(target, make_proposer, candidates, batches,
                           CostTable(verify, {}, overhead=overhead, context=context, prefix=PREFIX))
     paused = measure_paused(target, make_proposer, batches)
-    log.info("calibrated %d verify and %d draft costs in %.1f s", len(verify), len(draft), time.perf_counter() - t0)
-    return CostTable(verify, draft, _fingerprint(), overhead, paused, context, PREFIX)
+    # Requests that sample pay more per step, plain or not: their own overhead and drafting (SAMPLED_T).
+    sampled_steps = measure_plain_steps(target, batches, temperature=SAMPLED_T)
+    envelope = CostTable(verify, {}).envelope
+    sampled_overhead = {b: max(0.0, sampled_steps[b] - envelope[(b, 1)]) for b in batches}
+    sampled_draft = measure_draft(target, make_proposer, candidates, batches,
+                                  CostTable(verify, {}, overhead=sampled_overhead, context=context, prefix=PREFIX),
+                                  temperature=SAMPLED_T)
+    log.info("calibrated %d verify and %d draft costs in %.1f s", len(verify), len(draft) + len(sampled_draft),
+             time.perf_counter() - t0)
+    return CostTable(verify, draft, _fingerprint(), overhead, paused, context, PREFIX, sampled_overhead, sampled_draft)
 
 
 def _to_json(t: CostTable) -> dict:
@@ -342,13 +357,17 @@ def _to_json(t: CostTable) -> dict:
             "draft": [[b, lab, s] for (b, lab), s in sorted(t.draft.items())],
             "overhead": [[b, s] for b, s in sorted(t.overhead.items())],
             "paused": [[b, s] for b, s in sorted(t.paused.items())],
-            "context": [[b, n, s] for (b, n), s in sorted(t.context.items())], "prefix": t.prefix}
+            "context": [[b, n, s] for (b, n), s in sorted(t.context.items())], "prefix": t.prefix,
+            "sampled_overhead": [[b, s] for b, s in sorted(t.sampled_overhead.items())],
+            "sampled_draft": [[b, lab, s] for (b, lab), s in sorted(t.sampled_draft.items())]}
 
 
 def _from_json(d: dict) -> CostTable:
     return CostTable({(b, n): s for b, n, s in d["verify"]}, {(b, lab): s for b, lab, s in d["draft"]},
                      d.get("fingerprint", ""), {b: s for b, s in d["overhead"]}, {b: s for b, s in d.get("paused", [])},
-                     {(b, n): s for b, n, s in d.get("context", [])}, int(d.get("prefix", 0)))
+                     {(b, n): s for b, n, s in d.get("context", [])}, int(d.get("prefix", 0)),
+                     {b: s for b, s in d.get("sampled_overhead", [])},
+                     {(b, lab): s for b, lab, s in d.get("sampled_draft", [])})
 
 
 def _runtime_label(model) -> str:
@@ -458,6 +477,21 @@ def adaptive_dispatcher(target, head, head_dir: Path, opts):
     return AdaptiveDispatcher(costs, calibration_candidates(opts))
 
 
+def _tree_rows(costs: CostTable, batches: Sequence[int], candidates: Sequence) -> list[str]:
+    """Per batch size and candidate tree: drafting, verifying (+ overhead) and step ms, and the break-even."""
+    lines = ["batch | tree                 | nodes |  draft | verify |   step | break-even"]
+    for b in batches:
+        v1 = costs.verify_cost(b, 1)
+        for c in candidates:
+            draft = costs.draft_cost(b, c.label)
+            if draft is None:
+                continue
+            verify = costs.verify_cost(b, c.num_nodes)
+            lines.append(f"{b:5d} | {c.label:<20s} | {c.num_nodes:5d} | {1e3 * draft:6.2f} | {1e3 * verify:6.2f} | "
+                         f"{1e3 * (draft + verify):6.2f} | {(draft + verify) / v1:6.2f}")
+    return lines
+
+
 def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
     """The table `eaglespec calibrate` prints: verify(b, n) per batch size, then per candidate tree its draft
     and step cost and the tokens per step it needs to beat plain decoding (step / verify(b, 1))."""
@@ -490,16 +524,9 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
         lines += ["paused step (none with the head kept ready: pair bookkeeping, draft-cache catch-up), ms beyond a "
                   "plain step: " + ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.paused.items()))]
     lines += ["", "per tree: ms of drafting, of verifying its nodes (+ overhead), of the whole step; break-even = tokens per step "
-              "(accepted + bonus) it needs to beat plain decoding", "batch | tree                 | nodes |  draft | "
-              "verify |   step | break-even"]
-    for b in batches:
-        v1 = costs.verify_cost(b, 1)
-        for c in candidates:
-            label = c.label
-            draft = costs.draft_cost(b, label)
-            if draft is None:
-                continue
-            verify = costs.verify_cost(b, c.num_nodes)
-            lines.append(f"{b:5d} | {label:<20s} | {c.num_nodes:5d} | {1e3 * draft:6.2f} | {1e3 * verify:6.2f} | "
-                         f"{1e3 * (draft + verify):6.2f} | {(draft + verify) / v1:6.2f}")
+              "(accepted + bonus) it needs to beat plain decoding"] + _tree_rows(costs, batches, candidates)
+    if costs.sampled_overhead or costs.sampled_draft:
+        lines += ["", "sampled requests (T > 0; children drawn at the request's temperature): engine overhead per step "
+                  "(ms) " + ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.sampled_overhead.items())),
+                  "per tree, as above"] + _tree_rows(costs.for_sampled(), batches, candidates)
     return "\n".join(lines)

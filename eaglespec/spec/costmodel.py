@@ -27,7 +27,7 @@ Pure functions and a small tracker; the dispatcher that uses them lives with the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from eaglespec.spec.strategies import NoDraft
 
@@ -76,6 +76,13 @@ class CostTable:
     free: 2-5% a step on a 2-core EPYC, more than a chain that breaks even costs."""
     context: dict[tuple[int, int], float] = field(default_factory=dict)
     prefix: int = 0
+    sampled_overhead: dict[int, float] = field(default_factory=dict)
+    """``overhead`` measured with requests that sample (T=1): their steps also scale, filter and draw from the
+    target's distribution (and a tree's verification runs the sampled rule over every candidate), 0.3-0.5 ms a
+    plain step more than a greedy one at batch 1 on a 2-core Xeon. Empty: tables from before they were kept."""
+    sampled_draft: dict[tuple[int, str], float] = field(default_factory=dict)
+    """``draft`` measured with sampled requests, whose children are drawn from the head's distribution (the
+    default ``--draft-temperature request``) and verified by the sampled rule."""
     envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     context_envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     _context_batches: frozenset[int] = field(init=False, repr=False, compare=False)
@@ -130,6 +137,14 @@ class CostTable:
     def stalled(self, factor: float = 1.2) -> list[tuple[int, int]]:
         """Verify measurements more than ``factor`` times a larger forward's: stalls to measure again."""
         return sorted(k for k, s in self.verify.items() if s > factor * self.envelope[k])
+
+    def for_sampled(self) -> CostTable:
+        """The table that prices a batch holding sampled requests: the sampled overhead and drafting where they
+        were measured, the greedy ones elsewhere (the forwards are the same)."""
+        if not self.sampled_overhead and not self.sampled_draft:
+            return self
+        return replace(self, overhead={**self.overhead, **self.sampled_overhead},
+                       draft={**self.draft, **self.sampled_draft}, sampled_overhead={}, sampled_draft={})
 
     def paused_cost(self, batch: int) -> float:
         return self.paused.get(self._batch(batch), 0.0)

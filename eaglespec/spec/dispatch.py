@@ -57,6 +57,7 @@ class AdaptiveDispatcher:
         if probe_optimism < 1.0:
             raise ValueError(f"probe_optimism must be >= 1, got {probe_optimism}")
         self.costs = costs
+        self._sampled_costs = costs.for_sampled()  # batches holding a sampled request (T > 0)
         self.candidates = {c.label: c for c in candidates if c.drafts}
         self._shapes = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}  # for choose
         self.none = NoDraft()
@@ -148,11 +149,12 @@ class AdaptiveDispatcher:
         # the same answer cost ~0.1 ms a step on the 2-core EPYC (~1% of a paused step); a context grown by
         # CONTEXT_BUCKET tokens is new evidence too.
         bucket = None if context is None else int(context) // CONTEXT_BUCKET
-        evidence = (batch_size, tuple(rows), self._observed, bucket)
+        evidence = (batch_size, tuple(rows), self._observed, bucket, self._costs(rows) is self._sampled_costs)
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
-            self.last = choose(self.costs, batch_size, self._shapes, self._batch_tracker(rows), self.margin, context)
+            self.last = choose(self._costs(rows), batch_size, self._shapes, self._batch_tracker(rows), self.margin,
+                               context)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
@@ -174,6 +176,11 @@ class AdaptiveDispatcher:
         self._probe_done = False
         return cfg
 
+    def _costs(self, rows: Sequence[int]) -> CostTable:
+        """The calibration that prices these rows' steps: the sampled one if any of them samples (its plain
+        and tree steps both cost more than greedy ones), else the greedy one."""
+        return self._sampled_costs if any(self._sampled.get(r, False) for r in rows) else self.costs
+
     def _probe_could_pay(self, batch_size: int, rows: Sequence[int]) -> bool:
         """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now (at
         every depth, at most 1): a probe costs a catch-up over every pair recorded while paused (1-2% of the
@@ -181,12 +188,12 @@ class AdaptiveDispatcher:
         (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and T=1 requests showed ~0.25)."""
         rates = self._batch_tracker(rows).rates()
         hopeful = AcceptanceTracker(1.0, tuple(min(1.0, self.probe_optimism * r) for r in rates), 1.0)
-        return choose(self.costs, batch_size, self._shapes, hopeful, self.margin, self._context).label != PLAIN
+        return choose(self._costs(rows), batch_size, self._shapes, hopeful, self.margin, self._context).label != PLAIN
 
     def _probe_step(self, batch_size: int, rows: Sequence[int]) -> TreeStrategy:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""
         cfg = self._probe
-        self.step = score(self.costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
+        self.step = score(self._costs(rows), batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
                           self._batch_tracker(rows), self._context) or self.last
         self._probe_done = self._probe_left == 0
         return cfg
