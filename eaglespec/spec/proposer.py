@@ -164,11 +164,7 @@ class EagleProposer:
         for b, r in enumerate(rows.tolist()):
             self._row_temperature[r] = temps[b] if self.draft_temperature is None else self.draft_temperature
             if self._row_temperature[r] > 0:
-                if seeds is None:
-                    s = self.seed + r if self.seed is not None else int(torch.randint(0, 2**62, ()))
-                else:  # the request's draft seed, mixed with the proposer's own seed when it has one
-                    s = seeds[b] if self.seed is None else (seeds[b] * 1_000_003 + self.seed) % 2**63
-                self._generators[r] = torch.Generator(device=self.head.device).manual_seed(s)
+                self._new_generator(r, None if seeds is None else seeds[b])
         if hasattr(self.dispatcher, "start_row"):
             for b, r in enumerate(rows.tolist()):
                 self.dispatcher.start_row(r, temps[b] > 0)
@@ -186,6 +182,16 @@ class EagleProposer:
         o = self.head(h, shifted, positions, self.cache, rows=rows, prefill=True)  # [B, T, H]
         self.cache.advance(rows, lengths)
         self.last_h[rows] = o.gather(1, (lengths - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+
+    def _new_generator(self, row: int, seed: int | None) -> torch.Generator:
+        """The draft sampler of ``row``: from the request's draft seed, mixed with the proposer's own seed when it
+        has one; without a request seed, ``seed + row`` (random when the proposer has none either)."""
+        if seed is None:
+            s = self.seed + row if self.seed is not None else int(torch.randint(0, 2**62, ()))
+        else:
+            s = seed if self.seed is None else (seed * 1_000_003 + self.seed) % 2**63
+        self._generators[row] = g = torch.Generator(device=self.head.device).manual_seed(s)
+        return g
 
     def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor,
                 host: HostRows | None = None) -> DraftTree:
@@ -208,7 +214,9 @@ class EagleProposer:
         # Rows at T > 0 draw their children from their own generators (rows at 0 take the top-k in the same
         # step); a tree whose children cannot be sampled (dynamic) drafts top-k for every row.
         if sampling and cfg.drafts and cfg.samples_children:
-            self._step_generators = [self._generators.get(r) for r in ids]
+            # every row drawing at T > 0 has its sampler (prefill made it; a row never prefilled gets seed + row)
+            self._step_generators = [(self._generators.get(r) or self._new_generator(r, None)) if t > 0 else None
+                                     for r, t in zip(ids, temps)]
             self._step_temperature = torch.tensor(temps, dtype=torch.float32, device=self.head.device)
         else:
             self._step_generators = self._step_temperature = None
