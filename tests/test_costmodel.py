@@ -555,16 +555,20 @@ def test_dispatcher_keeps_drafting_a_head_that_pays_near_break_even():
 
 
 def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypatch):
-    """A tree's cost is at least its median engine step less the forward and the overhead (the tree's own
-    verification and commit work), never less than its measured drafting; a plain step's overhead is its
-    median engine step less the forward, robust to one slow step."""
+    """A tree's priced step is at least its measured ratio to plain steps timed next to it, times the priced
+    plain step (the tree's own verification and commit work count), never less than its measured drafting,
+    and a machine that slows down while the trees are timed leaves that price alone; a plain step's
+    overhead is its median engine step less the forward, robust to one slow step."""
     from types import SimpleNamespace
 
     from eaglespec.engine import calibrate as cal
 
-    def steps(target, proposer, batch, n, prompt, temperature=0.0):  # steps: 30 ms with a tree, 12 ms plain, one stall; drafting 1 ms
-        stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))
-        return [0.030 if proposer is not None else 0.012] * 9 + [0.5], stats
+    machine = {"slow": 1.0, "tree": 0.030}
+
+    def steps(target, proposer, batch, n, prompt, temperature=0.0):  # a tree's step, 12 ms plain, one stall
+        stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))  # drafting 1 ms a step
+        step = machine["tree"] if proposer is not None else 0.012
+        return [step * machine["slow"]] * 9 + [0.5], stats
 
     monkeypatch.setattr(cal, "_step_times", steps)
     target = SimpleNamespace(model=SimpleNamespace(device=None))
@@ -575,9 +579,12 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
     trees = {"chain1": Chain(1)}
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2))[(1, "chain1")] == pytest.approx(0.001)
     with_steps = cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)
-    assert with_steps[(1, "chain1")] == pytest.approx(0.030 - 0.014 - 0.002)  # step - verify(1, 2) - overhead
-    cheap = CostTable({k: 0.030 for k in verify}, {}, overhead={1: 0.002, 2: 0.002})
-    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), cheap)[(1, "chain1")] == pytest.approx(0.001)
+    # 30 / 12 = 2.5 plain steps, the plain step priced 14 ms: 35 ms, less verify(1, 2) + overhead (16 ms)
+    assert with_steps[(1, "chain1")] == pytest.approx(2.5 * 0.014 - 0.016)
+    machine["slow"] = 1.3  # the machine slowed down after the forwards were timed: the same price
+    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs) == pytest.approx(with_steps)
+    machine["tree"] = 0.012  # a tree step as fast as a plain one: its measured drafting is the floor
+    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)[(1, "chain1")] == pytest.approx(0.001)
 
 
 def test_a_paused_step_is_not_free_and_a_break_even_chain_beats_it():

@@ -47,7 +47,8 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # 10: verify costs per context token; the paused step counts only the catch-ups its run made; 11: a 1-token
 # forward never priced above the median plain engine step (``cap_by_plain_steps``)
 # 12: overhead and drafting measured again with sampling requests (T=1: children drawn at the request's temperature)
-CALIBRATION_VERSION = 12
+# 13: a tree's step priced by its ratio to plain steps timed right after it (on the same prompt)
+CALIBRATION_VERSION = 13
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
@@ -188,10 +189,15 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     engine's per-step overhead, at each batch size. The engine runs a short and a long decode with that tree on
     a fixed prompt (after a warm-up run): the extra draft seconds of the long run over its extra target
     forwards are one step's drafting. With ``costs`` (the forwards and the overhead measured already) the
-    long run's steps are also timed one by one, and the cost is at least the median step less
-    ``costs.verify_cost(b, nodes)`` (the forward plus the overhead): what a tree step does besides drafting
-    (verifying and compacting a tree, committing several tokens) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost 1.39-1.40x a
-    plain one in the benchmark's records while drafting + forwards + overhead summed to 1.27-1.32x.
+    long run's steps are also timed one by one, next to a plain run of as many steps on the same prompt, and
+    the cost is at least what makes the tree's priced step ``verify_cost(b, nodes) + draft`` that ratio of
+    steps times the priced plain step ``verify_cost(b, 1)``: what a tree step does besides drafting
+    (verifying and compacting a tree, committing several tokens) is the tree's cost too. On a 2-core EPYC a
+    chain-of-1 step cost 1.39-1.40x a plain one in the benchmark's records while drafting + forwards + overhead
+    summed to 1.27-1.32x. Until calibration version 13 the tree's median step less ``verify_cost(b, nodes)``
+    gave that floor: absolute times of runs minutes apart from the forwards', which on a drifting VM priced the
+    chain of 1's step at 1.19-1.26 plain steps where the benchmark's records showed ~1.33 (2-core Xeon,
+    2026-11-27).
 
     Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
     (a shared VM's steps slow from 9 to 14 ms for a second or two, then recover) spoils one reading of a tree,
@@ -213,8 +219,12 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                 cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
                     long.draft_s / max(long.target_forwards, 1)
                 if costs is not None and times:  # the median step sits mid-run: its context, roughly
+                    # plain steps of the same prompt right after the tree's: the step ratio of the two, taken side
+                    # by side, prices the tree against the calibrated plain step (see the docstring)
+                    plain, _ = _step_times(target, None, b, LONG_STEPS, prompt, temperature)
                     context = len(prompt) + LONG_STEPS // 2
-                    cost = max(cost, statistics.median(times) - costs.verify_cost(b, tree.num_nodes, context))
+                    ratio = statistics.median(times) / statistics.median(plain)
+                    cost = max(cost, ratio * costs.verify_cost(b, 1, context) - costs.verify_cost(b, tree.num_nodes, context))
                 readings.setdefault((b, label), []).append(cost)
     out = {key: statistics.median(values) for key, values in readings.items()}
     for label in trees:
