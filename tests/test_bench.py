@@ -161,6 +161,12 @@ def test_method_strings():
     m = bench.parse_method("eagle:none,lag=0")  # the paused state's old cost: each pair encoded at its step
     assert (m.draft.tree, m.draft.max_lag) == ("none", 0)
     assert bench.parse_method("hf-prompt-lookup").k == 10 and bench.parse_method("replay:5").k == 5
+    assert bench.parse_method("eagle:chain1").draft.draft_temperature is None  # each request's own
+    assert bench.parse_method("eagle:chain1,dtemp=request").draft.draft_temperature is None
+    assert bench.parse_method("eagle:chain1,dtemp=0.5").draft.draft_temperature == 0.5
+    for bad in ("-1", "nan", "hot"):
+        with pytest.raises(bench.BenchError, match="dtemp"):
+            bench.parse_method(f"eagle:chain1,dtemp={bad}")
     methods = bench.parse_methods(["hf,replay:2", "vanilla"])
     assert [x.name for x in methods] == ["vanilla", "hf", "replay:2"]  # vanilla first
     for bad in ("foo", "eagle:bogus", "eagle:depth=3", "replay:0", "eagle:lag=-1", "eagle:lag=x"):

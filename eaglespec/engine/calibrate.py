@@ -346,14 +346,14 @@ def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: 
     if lowered:
         log.info("calibration: the 1-token forward read slower than a whole plain step at batch %s: priced at the "
                  "step", ", ".join(map(str, lowered)))
-    overhead = measure_overhead(target, CostTable(verify, {}).envelope, batches, steps=steps)
+    envelope = CostTable(verify, {}).envelope
+    overhead = measure_overhead(target, envelope, batches, steps=steps)
     draft = measure_draft(target, make_proposer, candidates, batches,
                           CostTable(verify, {}, overhead=overhead, context=context, prefix=PREFIX))
     paused = measure_paused(target, make_proposer, batches)
     # Requests that sample pay more per step, plain or not: their own overhead and drafting (SAMPLED_T).
-    sampled_steps = measure_plain_steps(target, batches, temperature=SAMPLED_T)
-    envelope = CostTable(verify, {}).envelope
-    sampled_overhead = {b: max(0.0, sampled_steps[b] - envelope[(b, 1)]) for b in batches}
+    sampled_overhead = measure_overhead(target, envelope, batches,
+                                        steps=measure_plain_steps(target, batches, temperature=SAMPLED_T))
     sampled_draft = measure_draft(target, make_proposer, candidates, batches,
                                   CostTable(verify, {}, overhead=sampled_overhead, context=context, prefix=PREFIX),
                                   temperature=SAMPLED_T)

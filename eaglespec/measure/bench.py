@@ -62,7 +62,7 @@ from typing import Any
 import torch
 
 from eaglespec.config import ConfigError, GenerationConfig, SamplingParams
-from eaglespec.flags import add_model_args
+from eaglespec.flags import add_model_args, draft_temperature
 from eaglespec.measure.records import COST_FILE, RECORDS_FILE, RUN_FILE, BenchError, first_mismatch, read_records
 from eaglespec.runtime.model import synchronize
 
@@ -147,11 +147,11 @@ def parse_method(text: str, seed: int | None = None) -> Method:
             elif eq and key == "lag":
                 kw["max_lag"] = int(value)
             elif eq and key == "dtemp":
-                kw["draft_temperature"] = None if value == "request" else float(value)
+                kw["draft_temperature"] = draft_temperature(value)  # the flag's own parser: "request" or >= 0
             else:
                 raise BenchError(f"method {text!r}: unknown eagle option {opt!r} (chainK, static, dynamic, auto, "
                                  f"depth=, topk=, tokens=, head=, align=, dtemp=, lag=)")
-        except ValueError as e:
+        except (ValueError, argparse.ArgumentTypeError) as e:
             raise BenchError(f"method {text!r}: bad value in {opt!r} ({e})") from None
     opts_obj = DraftOptions(**kw)
     try:

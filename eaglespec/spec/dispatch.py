@@ -149,12 +149,12 @@ class AdaptiveDispatcher:
         # the same answer cost ~0.1 ms a step on the 2-core EPYC (~1% of a paused step); a context grown by
         # CONTEXT_BUCKET tokens is new evidence too.
         bucket = None if context is None else int(context) // CONTEXT_BUCKET
-        evidence = (batch_size, tuple(rows), self._observed, bucket, self._costs(rows) is self._sampled_costs)
+        costs = self._costs(rows)
+        evidence = (batch_size, tuple(rows), self._observed, bucket, costs is self._sampled_costs)
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
-            self.last = choose(self._costs(rows), batch_size, self._shapes, self._batch_tracker(rows), self.margin,
-                               context)
+            self.last = choose(costs, batch_size, self._shapes, self._batch_tracker(rows), self.margin, context)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
