@@ -84,3 +84,58 @@ def test_every_shape_path_matches_float64_and_keeps_tree_tokens_exact(heads, kv_
         seen = torch.cat([torch.arange(prefix), prefix + block[i].nonzero()[:, 0]])
         alone = attention(q[:, i : i + 1], k[:, :, seen], v[:, :, seen], None, exact_rows=True)
         assert torch.equal(alone, together[:, i : i + 1]), i
+
+
+def _assert_each_query_as_if_alone(q, k, v, mask):
+    """Every query of every batch row equals the same query attended alone over exactly the slots it sees."""
+    together = attention(q, k, v, mask, exact_rows=True)
+    for b in range(q.shape[0]):
+        for i in range(q.shape[1]):
+            seen = mask[min(b, mask.shape[0] - 1), 0, i].nonzero()[:, 0]
+            alone = attention(q[b : b + 1, i : i + 1], k[b : b + 1, :, seen], v[b : b + 1, :, seen], None,
+                              exact_rows=True)
+            assert torch.equal(alone, together[b : b + 1, i : i + 1]), (b, i)
+    return together
+
+
+@pytest.mark.parametrize("prefix,parents", [
+    (100, [-1, 0, 1, 2, 3, 4, 5, 6]),        # a chain of 8 over several 16-slot blocks and value chunks
+    (47, [-1, 0, 0, 1, 1, 2, 2, 3, 5, 5]),   # a tree whose shared prefix ends inside a block
+    (0, [-1, 0, 1, 0]),                      # no context: the queries share only the root
+])
+def test_queries_sharing_the_context_read_it_together_yet_stay_exact(prefix, parents):
+    """The kernel reads the context every tree token sees once for all of a job's queries: each query must still
+    be bit-identical to itself decoded alone, and match float64 attention."""
+    n = len(parents)
+    q, k, v = _case(2, n, prefix, seed=6)
+    block = tree_mask(torch.tensor([parents]), torch.ones(1, n, dtype=torch.bool))[0]
+    mask = torch.cat([torch.ones(n, prefix, dtype=torch.bool), block], dim=1)[None, None]
+    together = _assert_each_query_as_if_alone(q, k, v, mask)
+    torch.testing.assert_close(together, attention(q, k, v, mask, compute_dtype=torch.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_masks_that_part_early_or_differ_per_batch_row_stay_exact():
+    """Random per-row masks (lists that part anywhere, even at the first slot) and more queries than one job
+    takes (20 > 16): every query as if alone."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = _case(2, 20, 60, seed=7)
+    mask = torch.rand(2, 1, 20, 80, generator=g) > 0.3
+    mask[1, 0, :, :40] = True  # row 1: a long shared prefix, then random
+    mask[..., 79] = True       # every query sees at least one slot
+    _assert_each_query_as_if_alone(q, k, v, mask)
+
+
+def test_the_result_does_not_depend_on_the_thread_count():
+    """How queries are grouped into jobs follows the thread count; the values must not."""
+    prefix, n = 70, 8
+    q, k, v = _case(1, n, prefix, seed=8)
+    mask = torch.cat([torch.ones(n, prefix, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)[None, None]
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(attention(q, k, v, mask, exact_rows=True))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

@@ -4,12 +4,18 @@
 // alone or verified among N tree tokens, or greedy speculative output drifts from vanilla output (packed
 // kernels round activations, which amplifies a last-bit difference). torch's CPU attention kernels block the
 // queries and sum in an order that depends on how many there are, so the runtime ran them in float64 (the
-// rounding then vanished in the cast back), which costs a float64 copy of the keys and values every layer:
-// ~2.5 ms of a ~12 ms int4 decode step and ~6 ms of an 8-token verification on a 2-core EPYC. Here every
-// (batch row, head, query) is its own job: scores are dot products summed in one fixed order over the
-// visible slots only, compacted, and the softmax and the weighted sum over values run in slot order over
+// rounding then vanished in the cast back), which costs a float64 copy of the keys and values every layer.
+// Here every (batch row, query head, query) gets its scores as dot products summed in one fixed order over
+// the visible slots only, compacted, and its softmax and weighted sum over values run in slot order over
 // them, so the float32 result depends on nothing but the query and the keys and values it sees, in order:
 // not on the number of queries, the tree layout, gaps left by other branches or the cache length.
+//
+// What the queries share is memory traffic, never arithmetic: one job takes a few queries of one batch row
+// against one KV head (its group of query heads), and where their compacted slot lists agree (the context
+// every tree token sees) each block of key rows and each chunk of value rows is read from L2 once and used
+// from L1 by every query of the job. A query's sums are the same instructions in the same order either way
+// (a job's accumulators go to memory between value chunks and come back unchanged), so how queries are
+// grouped into jobs (which depends on the batch, the query count and the threads) never changes a result.
 //
 // Shapes: q [B, H, T, D] float32; keys, values [B, Hkv, S, D] float32, last dimension contiguous (any other
 // strides: views of the cache are read in place); mask bool [B or 1, 1, T, S] (true = may attend) or absent
@@ -19,6 +25,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Optional.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -27,7 +34,7 @@ namespace {
 
 // exp(x) for x <= 0 (scores minus their max), Cephes-style: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
 // polynomial for e^r, then scaled by 2^n; lane by lane, so a value never depends on its neighbours.
-inline __m512 exp_nonpositive(__m512 x) {
+__attribute__((always_inline)) inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -46,7 +53,7 @@ inline __m512 exp_nonpositive(__m512 x) {
 // The 16 horizontal sums of a[0..15], as one vector (lane l = sum of a[l]'s lanes): pairs of lanes are added
 // in the same pattern for every l, so a slot's score depends only on its own products and its place in the
 // block of visible slots.
-inline __m512 sum16(const __m512* a) {
+__attribute__((always_inline)) inline __m512 sum16(const __m512* a) {
   __m512 t[8], u[4];
   for (int i = 0; i < 8; ++i)
     t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
@@ -58,96 +65,181 @@ inline __m512 sum16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(v, w, 0x88), _mm512_shuffle_f32x4(v, w, 0xDD));
 }
 
+inline __mmask16 first_lanes(int64_t m) { return m >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1); }
+
+constexpr int64_t kValueChunk = 32;  // value rows a job reads once for all its queries (8 KB at D = 64)
+constexpr int64_t kMaxPerJob = 16;   // queries in one job
+
 // Where one call's tensors live, and their shapes (see the header).
 struct Args {
   const float *qp, *kp, *vp;
   float* op;
   const bool* mp;
-  int64_t h, t, d, hkv, s, s_pad, ks0, ks1, ks2, vs0, vs1, vs2, m_b, m_t;
+  int64_t h, t, d, hkv, s, s_pad, ks0, ks1, ks2, vs0, vs1, vs2, m_b, m_t, per_job;
   float scale;
 };
 
-// One job = one query token of one batch row against one KV head: its query heads (the group) share the
-// visible slots and read each key and value row once for all of them. Per query head the arithmetic is the
-// same as if it ran alone. NV (vectors of 16 per head) and G (query heads per KV head) are compile-time
-// where a shape is instantiated (0 = read at run time): the group's output accumulators (G x NV vectors)
-// then stay in registers through the loop over the values instead of going to memory at every slot, which
-// made the weighted sum the kernel's slowest part. The order of every sum is the same either way.
+// A thread's working memory, sized for a job of `per_job` queries.
+struct Scratch {
+  std::vector<int32_t> seen;  // [query][s_pad]: the visible slots, in slot order
+  std::vector<float> p;       // [query][head][s_pad]: scores, then probabilities, of those slots
+  std::vector<float> acc;     // [query][head][d]: the weighted sums between value chunks
+  std::vector<__m512> q;      // [query][head][d / 16]: the scaled queries
+};
+
+// The scores of one block of 16 compacted slots (rows kr) for one query's G heads: products summed over the
+// head dimension lane by lane, then across lanes by sum16; stored to p, and the running maxima updated.
 template <int NV, int G>
-void attend_job(const Args& a, int64_t i, int64_t nv_rt, int64_t group_rt, std::vector<float>& p,
-                std::vector<int64_t>& seen) {
-  const int64_t nv = NV > 0 ? NV : nv_rt, group = G > 0 ? G : group_rt;
-  constexpr int kNV = NV > 0 ? NV : 32, kG = G > 0 ? G : 16;  // array bounds (D <= 512, group <= 16)
-  __m512 qv[kG * kNV], o[kG * kNV];
-  float best[kG], inv[kG];
-  const int64_t bi = i / (a.hkv * a.t), kvh = (i / a.t) % a.hkv, ti = i % a.t;
-  const float* kb = a.kp + bi * a.ks0 + kvh * a.ks1;
-  const float* vb = a.vp + bi * a.vs0 + kvh * a.vs1;
-  const bool* mrow = a.mp ? a.mp + bi * a.m_b + ti * a.m_t : nullptr;
+__attribute__((always_inline)) inline void score_block(const float* const* kr, const __m512* qv, int64_t nv,
+                                                       int64_t group, float* p, int64_t s_pad, __mmask16 on,
+                                                       __m512* best) {
+#pragma GCC unroll 8
   for (int64_t g = 0; g < group; ++g) {
-    const float* qrow = a.qp + ((bi * a.h + kvh * group + g) * a.t + ti) * a.d;
-    for (int64_t c = 0; c < nv; ++c)
-      qv[g * nv + c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + 16 * c), _mm512_set1_ps(a.scale));
-  }
-  // Only the visible slots, compacted: every sum below then runs over the same sequence of numbers
-  // whether a token is verified at slot 52 of a tree with a gap before it or decoded at slot 51.
-  int64_t n = 0;
-  for (int64_t j = 0; j < a.s; ++j)
-    if (mrow == nullptr || mrow[j]) seen[n++] = j;
-  for (int64_t g = 0; g < group; ++g) best[g] = -INFINITY;
-  for (int64_t j = 0; j < n; j += 16) {
-    const int64_t m = std::min<int64_t>(16, n - j);
-    const __mmask16 on = m == 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1);
-    for (int64_t g = 0; g < group; ++g) {
-      const __m512* qg = &qv[g * nv];
-      __m512 acc[16];
-      for (int64_t l = 0; l < 16; ++l) {
-        if (l >= m) { acc[l] = _mm512_setzero_ps(); continue; }
-        const float* kr = kb + seen[j + l] * a.ks2;  // the block's 16 key rows stay in L1 across the group
-        acc[l] = _mm512_mul_ps(qg[0], _mm512_loadu_ps(kr));
-        for (int64_t c = 1; c < nv; ++c) acc[l] = _mm512_fmadd_ps(qg[c], _mm512_loadu_ps(kr + 16 * c), acc[l]);
-      }
-      const __m512 sc = sum16(acc);
-      _mm512_mask_storeu_ps(&p[g * a.s_pad + j], on, sc);
-      best[g] = std::max(best[g], _mm512_mask_reduce_max_ps(on, sc));
+    const __m512* qg = qv + g * nv;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) {
+      acc[l] = _mm512_mul_ps(qg[0], _mm512_loadu_ps(kr[l]));
+#pragma GCC unroll 8
+      for (int64_t c = 1; c < nv; ++c) acc[l] = _mm512_fmadd_ps(qg[c], _mm512_loadu_ps(kr[l] + 16 * c), acc[l]);
     }
-  }
-  if (n == 0) {  // nothing visible: zeros (never happens for a token, which sees itself)
-    for (int64_t g = 0; g < group; ++g) {
-      float* orow = a.op + ((bi * a.t + ti) * a.h + kvh * group + g) * a.d;
-      for (int64_t c = 0; c < a.d; ++c) orow[c] = 0.0f;
-    }
-    return;
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    float* pg = &p[g * a.s_pad];
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 on = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-      const __m512 x = _mm512_maskz_loadu_ps(on, pg + j);
-      const __m512 e = _mm512_maskz_mov_ps(on, exp_nonpositive(_mm512_sub_ps(x, _mm512_set1_ps(best[g]))));
-      _mm512_mask_storeu_ps(pg + j, on, e);
-      total = _mm512_add_ps(total, e);
-    }
-    inv[g] = 1.0f / _mm512_reduce_add_ps(total);
-  }
-  for (int64_t k = 0; k < group * nv; ++k) o[k] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vr = vb + seen[j] * a.vs2;
-    for (int64_t c = 0; c < nv; ++c) {
-      const __m512 vc = _mm512_loadu_ps(vr + 16 * c);  // each value row read once for the group
-      for (int64_t g = 0; g < group; ++g)
-        o[g * nv + c] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * a.s_pad + j]), vc, o[g * nv + c]);
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    float* orow = a.op + ((bi * a.t + ti) * a.h + kvh * group + g) * a.d;
-    for (int64_t c = 0; c < nv; ++c)
-      _mm512_storeu_ps(orow + 16 * c, _mm512_mul_ps(o[g * nv + c], _mm512_set1_ps(inv[g])));
+    const __m512 sc = sum16(acc);
+    _mm512_mask_storeu_ps(p + g * s_pad, on, sc);
+    best[g] = _mm512_mask_max_ps(best[g], on, best[g], sc);
   }
 }
 
-using JobFn = void (*)(const Args&, int64_t, int64_t, int64_t, std::vector<float>&, std::vector<int64_t>&);
+// o[g] += p[g][j] * v[seen[j]] for compacted j in [j0, j1), in order, for one query's G heads; the sums
+// start from and return to `acc` ([G][D]).
+template <int NV, int G>
+__attribute__((always_inline)) inline void value_range(const float* vb, int64_t vs2, const int32_t* seen,
+                                                       const float* p, int64_t s_pad, int64_t j0, int64_t j1,
+                                                       int64_t nv, int64_t group, float* acc) {
+  constexpr int kNV = NV > 0 ? NV : 32, kG = G > 0 ? G : 16;
+  __m512 o[kG * kNV];
+  for (int64_t k = 0; k < group * nv; ++k) o[k] = _mm512_loadu_ps(acc + 16 * k);
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* vr = vb + seen[j] * vs2;
+    __m512 w[kG];
+#pragma GCC unroll 8
+    for (int64_t g = 0; g < group; ++g) w[g] = _mm512_set1_ps(p[g * s_pad + j]);
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < nv; ++c) {
+      const __m512 vc = _mm512_loadu_ps(vr + 16 * c);
+#pragma GCC unroll 8
+      for (int64_t g = 0; g < group; ++g) o[g * nv + c] = _mm512_fmadd_ps(w[g], vc, o[g * nv + c]);
+    }
+  }
+  for (int64_t k = 0; k < group * nv; ++k) _mm512_storeu_ps(acc + 16 * k, o[k]);
+}
+
+// One job: queries [t0, t0 + nq) of batch row bi against KV head kvh, with its G query heads. NV (vectors of
+// 16 per head) and G are compile-time where a shape is instantiated (0 = read at run time), so the per-query
+// accumulators stay in registers.
+template <int NV, int G>
+void attend_job(const Args& a, int64_t job, int64_t nv_rt, int64_t group_rt, Scratch& w) {
+  const int64_t nv = NV > 0 ? NV : nv_rt, group = G > 0 ? G : group_rt;
+  constexpr int kG = G > 0 ? G : 16;
+  const int64_t chunks = (a.t + a.per_job - 1) / a.per_job;
+  const int64_t bi = job / (a.hkv * chunks), kvh = (job / chunks) % a.hkv, t0 = (job % chunks) * a.per_job;
+  const int64_t nq = std::min(a.per_job, a.t - t0);
+  const float* kb = a.kp + bi * a.ks0 + kvh * a.ks1;
+  const float* vb = a.vp + bi * a.vs0 + kvh * a.vs1;
+  const int64_t hd = group * a.d;  // one query's accumulators
+  int64_t n[kMaxPerJob];           // visible slots per query
+  int64_t shared = a.s;            // compacted positions every query of the job agrees on
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int64_t ti = t0 + qi;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qrow = a.qp + ((bi * a.h + kvh * group + g) * a.t + ti) * a.d;
+      for (int64_t c = 0; c < nv; ++c)
+        w.q[(qi * group + g) * nv + c] = _mm512_mul_ps(_mm512_loadu_ps(qrow + 16 * c), _mm512_set1_ps(a.scale));
+    }
+    // Only the visible slots, compacted: every sum below then runs over the same sequence of numbers
+    // whether a token is verified at slot 52 of a tree with a gap before it or decoded at slot 51.
+    const bool* mrow = a.mp ? a.mp + bi * a.m_b + ti * a.m_t : nullptr;
+    int32_t* sp = w.seen.data() + qi * a.s_pad;
+    int64_t cnt = 0;
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t j = 0; j < a.s; j += 16, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16))) {
+      __mmask16 on = first_lanes(a.s - j);
+      if (mrow != nullptr) on = _mm_mask_cmpneq_epi8_mask(on, _mm_maskz_loadu_epi8(on, mrow + j), _mm_setzero_si128());
+      _mm512_mask_compressstoreu_epi32(sp + cnt, on, idx);
+      cnt += __builtin_popcount(on);
+    }
+    n[qi] = cnt;
+    if (qi == 0) {
+      shared = cnt;
+    } else {  // the common prefix of this query's list with the first query's
+      const int32_t* s0 = w.seen.data();
+      int64_t k = 0;
+      const int64_t lim = std::min(shared, cnt);
+      while (k < lim && s0[k] == sp[k]) ++k;
+      shared = k;
+    }
+  }
+  __m512 best[kMaxPerJob * kG];
+  for (int64_t k = 0; k < nq * group; ++k) best[k] = _mm512_set1_ps(-INFINITY);
+  // Scores: blocks of 16 compacted slots inside the shared prefix are read once for every query; the rest
+  // of each query's list on its own. Either way a block is the same 16 slots in the same lanes.
+  const int64_t shared_blocks = shared / 16 * 16;
+  const float* kr[16];
+  for (int64_t j = 0; j < shared_blocks; j += 16) {
+    const int32_t* s0 = w.seen.data() + j;
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) kr[l] = kb + s0[l] * a.ks2;
+    for (int64_t qi = 0; qi < nq; ++qi)
+      score_block<NV, G>(kr, &w.q[qi * group * nv], nv, group, &w.p[qi * group * a.s_pad + j], a.s_pad, 0xFFFF,
+                         &best[qi * group]);
+  }
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int32_t* sp = w.seen.data() + qi * a.s_pad;
+    for (int64_t j = shared_blocks; j < n[qi]; j += 16) {
+      const int64_t m = std::min<int64_t>(16, n[qi] - j);
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; ++l) kr[l] = kb + sp[j + (l < m ? l : m - 1)] * a.ks2;  // past the end: repeats, masked off
+      score_block<NV, G>(kr, &w.q[qi * group * nv], nv, group, &w.p[qi * group * a.s_pad + j], a.s_pad,
+                         first_lanes(m), &best[qi * group]);
+    }
+  }
+  // Softmax of each (query, head) over its visible slots, in blocks of 16 compacted slots.
+  float inv[kMaxPerJob * kG];
+  for (int64_t k = 0; k < nq * group; ++k) {
+    const int64_t cnt = n[k / group];
+    float* pk = &w.p[k * a.s_pad];
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(best[k]));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < cnt; j += 16) {
+      const __mmask16 on = first_lanes(cnt - j);
+      const __m512 e = _mm512_maskz_mov_ps(on, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(on, pk + j), mx)));
+      _mm512_mask_storeu_ps(pk + j, on, e);
+      total = _mm512_add_ps(total, e);
+    }
+    inv[k] = cnt > 0 ? 1.0f / _mm512_reduce_add_ps(total) : 0.0f;  // nothing visible: zeros (never for a token)
+  }
+  // Weighted sums over values, slot by slot: shared value rows a chunk at a time for every query, then each
+  // query's own tail.
+  std::fill(w.acc.begin(), w.acc.begin() + nq * hd, 0.0f);
+  for (int64_t j = 0; j < shared; j += kValueChunk) {
+    const int64_t j1 = std::min(shared, j + kValueChunk);
+    for (int64_t qi = 0; qi < nq; ++qi)
+      value_range<NV, G>(vb, a.vs2, w.seen.data(), &w.p[qi * group * a.s_pad], a.s_pad, j, j1, nv, group,
+                         &w.acc[qi * hd]);
+  }
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    if (n[qi] > shared)
+      value_range<NV, G>(vb, a.vs2, w.seen.data() + qi * a.s_pad, &w.p[qi * group * a.s_pad], a.s_pad, shared,
+                         n[qi], nv, group, &w.acc[qi * hd]);
+    for (int64_t g = 0; g < group; ++g) {
+      float* orow = a.op + ((bi * a.t + t0 + qi) * a.h + kvh * group + g) * a.d;
+      const float* src = &w.acc[qi * hd + g * a.d];
+      const __m512 s = _mm512_set1_ps(inv[qi * group + g]);
+      for (int64_t c = 0; c < nv; ++c) _mm512_storeu_ps(orow + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(src + 16 * c), s));
+    }
+  }
+}
+
+using JobFn = void (*)(const Args&, int64_t, int64_t, int64_t, Scratch&);
 
 // Head dims 64 and 128 with up to 8 query heads per KV head (Llama, Qwen, SmolLM shapes) run compiled for
 // their shape; anything else runs the same code with its sizes read at run time.
@@ -173,6 +265,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
               keys.size(3) == d && values.size(3) == d, "row_attention: keys/values do not match q");
   TORCH_CHECK(hkv > 0 && h % hkv == 0 && d % 16 == 0 && d <= 512, "row_attention: needs H % Hkv == 0, D % 16 == 0");
   TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "row_attention: keys/values need a contiguous last dim");
+  TORCH_CHECK(s < (int64_t{1} << 31), "row_attention: at most 2^31 - 1 slots");
   Args a{};
   at::Tensor mc;
   if (mask.has_value()) {
@@ -196,11 +289,20 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   TORCH_CHECK(group <= 16, "row_attention: at most 16 query heads per KV head");
   a.scale = 1.0f / std::sqrt(static_cast<float>(d));
   a.s_pad = (s + 15) / 16 * 16;
+  // Queries per job: enough jobs to keep every thread busy twice over, otherwise as many queries as can
+  // share each read (at most kMaxPerJob). The grouping changes no result (see the header).
+  const int64_t want = 2 * at::get_num_threads(), pairs = b * hkv;
+  const int64_t splits = std::min<int64_t>(t, std::max<int64_t>((want + pairs - 1) / pairs, (t + kMaxPerJob - 1) / kMaxPerJob));
+  a.per_job = (t + splits - 1) / splits;
+  const int64_t chunks = (t + a.per_job - 1) / a.per_job;
   const JobFn job = pick_job(nv, group);
-  at::parallel_for(0, b * hkv * t, 2, [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(group * a.s_pad);  // per query head: scores, then probabilities, of the visible slots
-    std::vector<int64_t> seen(a.s_pad);     // which slots those are, in slot order
-    for (int64_t i = i0; i < i1; ++i) job(a, i, nv, group, p, seen);
+  at::parallel_for(0, pairs * chunks, 1, [&](int64_t i0, int64_t i1) {
+    Scratch w;
+    w.seen.resize(a.per_job * a.s_pad);
+    w.p.resize(a.per_job * group * a.s_pad);
+    w.acc.resize(a.per_job * group * d);
+    w.q.resize(a.per_job * group * nv);
+    for (int64_t i = i0; i < i1; ++i) job(a, i, nv, group, w);
   });
   return out;
 }
