@@ -110,7 +110,9 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const float *gp = g2.data_ptr<float>(), *up_ = u2.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t gs = g2.stride(0), us = u2.stride(0);
-  for_items(rows, 16, [&](int64_t r) { silu_mul_row(gp + r * gs, up_ + r * us, yp + r * n, n); });
+  // Split from 5 rows on: a row (I = 1536) is ~1 us of exp, more than a wake-up. 2-core Xeon, 2 threads: 8 rows
+  // 10.4 -> 8.2 us, 16 rows 16.2 -> 12.8, 1-4 rows unchanged (docs/results/xeon-2026-11-27-s15/ab-outputs.md).
+  for_items(rows, 4, [&](int64_t r) { silu_mul_row(gp + r * gs, up_ + r * us, yp + r * n, n); });
   return y;
 }
 
