@@ -215,8 +215,12 @@ def _eager_kernel(*tensors: Tensor) -> bool:
     """Whether our one-call CPU kernels (``cpu_kernels``) compute this step: float32 CPU tensors, the kernels
     loaded in this process, nothing that needs gradients, nothing being compiled (inductor fuses the same
     elementwise work itself)."""
-    return (cpu_kernels.serves(*tensors) and not torch.compiler.is_compiling()
-            and not any(t.requires_grad for t in tensors))
+    if not cpu_kernels.serves(*tensors) or torch.compiler.is_compiling():
+        return False
+    for t in tensors:  # a plain loop: asked for every norm, rotary and SwiGLU of a step
+        if t.requires_grad:
+            return False
+    return True
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -493,7 +497,7 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_c
     float32 kernel with ``exact_rows`` (see ``cached_attention``), and returned as [B, T, H * D] in the keys'
     dtype."""
     batch, n_new, n_heads, head_dim = q.shape
-    if exact_rows and q.dtype == keys.dtype == torch.float32 and q.device.type == "cpu":
+    if exact_rows and q.dtype == keys.dtype == torch.float32 and q.is_cpu:
         if is_causal:  # top-left aligned, as scaled_dot_product_attention reads it
             mask = torch.ones(n_new, keys.shape[2], dtype=torch.bool, device=q.device).tril()[None, None]
         out = torch.ops.eaglespec.row_attention(q.transpose(1, 2), keys, values, mask)  # [B, T, H, D]

@@ -67,7 +67,7 @@ def dequantize(wq: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
 # =================================================================================================== math
 def mm(x: Tensor, wq: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
     """float32 [M, N] = x [M, K] @ W.T (x cast to float32)."""
-    return torch.ops.eaglespec.w4a8_mm(x.float(), wq, scale, offset)
+    return torch.ops.eaglespec.w4a8_mm(x if x.dtype == torch.float32 else x.float(), wq, scale, offset)
 
 
 def reference_mm(x: Tensor, wq: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
