@@ -3,7 +3,7 @@
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
 result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call;
 ``select.cpp``: argmax and top-k of vocabulary rows; ``layer_elementwise.cpp``: rotary and SwiGLU in one call
-each). They need AVX-512 with VNNI on x86-64 Linux and a C++ compiler: torch's extension builder (ninja +
+each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They need AVX-512 with VNNI on x86-64 Linux and a C++ compiler: torch's extension builder (ninja +
 g++/clang) compiles them into one library under the cache directory the first time (~20 s), and later
 processes load it (a changed source, flag or torch version builds a new one). Where they cannot run,
 ``available()`` is False and ``unavailable_reason()`` says why; callers then keep torch's kernels.
@@ -27,7 +27,8 @@ __all__ = ["SOURCES", "available", "cpuinfo", "loaded", "serves", "unavailable_r
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("kernels") / name
-           for name in ("w4a8.cpp", "row_attention.cpp", "rms_norm.cpp", "select.cpp", "layer_elementwise.cpp")]
+           for name in ("w4a8.cpp", "row_attention.cpp", "rms_norm.cpp", "select.cpp", "layer_elementwise.cpp",
+                        "layer_step.cpp")]
 _REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
 

@@ -670,12 +670,20 @@ class Transformer(nn.Module):
         self.row_attention = False
         # Decode and verification forwards as one compiled graph (runtime.compiled.compile_step), or None.
         self.step_graph: Any = None
+        # Per layer, the tensors eaglespec::layer_step takes (kernels/layer_step.cpp: the layer in one call,
+        # bit-identical to decoder_layer), for the eager decode and verification forwards of a w4a8-packed model;
+        # set by runtime.pack.pack_model (``layer_step_args``), dropped when the weights move (``_apply``).
+        self.layer_steps: list[tuple] | None = None
         self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self.int4_kernel: str | None = None  # packed int4: "w4a8" or "torch" (runtime.quant.INT4_KERNELS)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001 - torch's signature
+        self.layer_steps = None  # they hold the old tensors
+        return super()._apply(fn, recurse)
 
     @property
     def device(self) -> torch.device:
@@ -833,15 +841,18 @@ class Transformer(nn.Module):
         saved: dict[int, Tensor] = {0: x} if 0 in wanted else {}
 
         exact_rows = self.row_attention and not prefill
+        if exact_rows and self.layer_steps is not None and x.is_cpu and not torch.compiler.is_compiling():
+            self._layer_steps(x, rope, cache, plan, wanted, saved)
+            x = saved.pop(-1)
+        else:
+            def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
+                return cached_attention(q, k, v, cache, i, plan=plan, compute_dtype=self.attention_dtype,
+                                        exact_rows=exact_rows)
 
-        def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
-            return cached_attention(q, k, v, cache, i, plan=plan, compute_dtype=self.attention_dtype,
-                                    exact_rows=exact_rows)
-
-        for i, layer in enumerate(self.layers):
-            x = decoder_layer(layer, i, x, rope, attend, prefill=prefill)
-            if i + 1 in wanted:
-                saved[i + 1] = x
+            for i, layer in enumerate(self.layers):
+                x = decoder_layer(layer, i, x, rope, attend, prefill=prefill)
+                if i + 1 in wanted:
+                    saved[i + 1] = x
         hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)  # [B, T, H]
         aux = torch.cat([saved[i] for i in hidden_indices], dim=-1) if hidden_indices else None
 
@@ -856,6 +867,42 @@ class Transformer(nn.Module):
                 picked = hidden.gather(1, idx[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, K, H]
             logits = self.output_logits(picked, prefill)  # [B, K, V]
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
+
+    def _layer_steps(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, plan: AttentionPlan,
+                     wanted: set[int], saved: dict[int, Tensor]) -> None:
+        """The layers as ``eaglespec::layer_step`` calls (one a layer, ``layer_steps``): what ``decoder_layer``
+        computes with ``cached_attention``'s row-independent attention, bit for bit. Leaves the residual after
+        layer i + 1 in ``saved`` where wanted, and the last one at ``saved[-1]``."""
+        a = self.args
+        mask = plan.mask
+        if plan.is_causal:  # top-left aligned, as ``attention`` builds it for the kernel
+            mask = torch.ones(x.shape[1], plan.n_slots, dtype=torch.bool, device=x.device).tril()[None, None]
+        first = plan.row_slice.start if plan.row_slice is not None else -1
+        cos, sin = rope
+        step = torch.ops.eaglespec.layer_step
+        for i, weights in enumerate(self.layer_steps):
+            x = step(x, *weights, cos, sin, cache.k[i], cache.v[i], plan.rows, plan.write_slots, first, plan.n_slots,
+                     mask, a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
+            if i + 1 in wanted:
+                saved[i + 1] = x
+        saved[-1] = x
+
+    def layer_step_args(self) -> list[tuple] | None:
+        """Per layer, the weights ``eaglespec::layer_step`` takes (norms, then each projection's w4a8 triple and
+        bias), or None unless every layer is a float32 CPU layer with w4a8-packed projections, no q/k norms and
+        the kernels loaded (``runtime.pack.pack_model`` installs them as ``layer_steps``)."""
+        if not (cpu_kernels.loaded() and self.dtype == torch.float32 and self.device.type == "cpu"):
+            return None
+        steps = []
+        for layer in self.layers:
+            projections = (layer.wqkv, layer.wo, layer.w13, layer.w2)
+            if layer.qk_norm is not None or not all(isinstance(p, PackedLinear) and p.kernel == "w4a8"
+                                                    and p.bias is None for p in projections):
+                return None
+            triple = (lambda p: [p.w4_q, p.w4_scale, p.w4_offset])
+            steps.append((layer.attn_norm, layer.mlp_norm, triple(layer.wqkv), layer.bqkv, triple(layer.wo), layer.bo,
+                          triple(layer.w13), layer.b13, triple(layer.w2), layer.b2))
+        return steps
 
     def output_logits(self, hidden: Tensor, prefill: bool = False) -> Tensor:
         """float32 logits [..., V] of final-normed ``hidden`` [..., H].

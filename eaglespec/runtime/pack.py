@@ -108,6 +108,7 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
                                                    plan=_always_packed(fmt, "lm_head"), kernel=kernel)
     model.attention_dtype = torch.float64  # see Transformer.attention_dtype
     model.row_attention = cpu_kernels.available()  # decode / verify: float32, row-independent (row_attention.cpp)
+    model.layer_steps = model.layer_step_args() if model.row_attention else None  # each layer in one call
     model.precision = fmt
     model.int4_kernel = kernel if fmt == "int4" else None
     return counts

