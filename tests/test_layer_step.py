@@ -3,6 +3,7 @@
 shape a decode step takes (one token, a tree, uneven rows, rows out of order, an empty cache)."""
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -111,3 +112,60 @@ def test_the_default_model_verifies_a_tree_identically_either_way():
     parents = [-1, 0, 0, 1, 1, 2, 3, 5]
     mask = tree_mask(torch.tensor([parents]), torch.ones(1, 8, dtype=torch.bool))
     _assert_same(_both_paths(model, [prompt], _forward([[11, 12, 13, 14, 15, 16, 17, 18]], [0], mask)))
+
+
+# ---------------------------------------------------------------------------------------- a packed draft head
+def _packed_head(target_model, kind, layers):
+    from test_speculative import make_head
+
+    from eaglespec.runtime.pack import pack_linears
+
+    head = make_head(SimpleNamespace(model=target_model), kind, layers)
+    pack_linears(head, "int4", kernel="w4a8")
+    head.layer_steps = head.layer_step_args()
+    assert head.layer_steps is not None
+    return head
+
+
+@pytest.mark.parametrize("kind,layers", [("eagle3", 1), ("eagle3", 2), ("eagle1", 1)])
+def test_a_packed_head_in_one_call_per_layer_matches_its_python_layers(kind, layers):
+    """The head's layers through layer_step (q/k/v and gate/up stacked, the first layer's own attention input)
+    give its Python layers' outputs; they attend with the row-independent kernel instead of torch's, so to
+    float32 rounding, not bit for bit."""
+    model = _packed("llama")
+    head = _packed_head(model, kind, layers)
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 3, head.config.hidden_size, generator=g)
+    toks = torch.randint(0, head.config.vocab_size, (2, 3), generator=g)
+    outs = []
+    steps = head.layer_steps
+    for fused in (True, False):
+        head.layer_steps = steps if fused else None
+        cache = head.new_cache(2, 16)
+        with torch.inference_mode():
+            head(h, toks, torch.arange(3).expand(2, 3), cache, prefill=True)  # a committed prefix (Python path)
+            cache.advance(torch.arange(2), torch.tensor([3, 2]))  # uneven rows
+            pos = cache.lengths[:, None] + torch.arange(3)
+            outs.append(head(h.flip(1), toks.flip(1), pos, cache, rows=torch.arange(2)))
+    head.layer_steps = steps
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_speculation_with_a_packed_head_in_one_call_equals_vanilla():
+    from helpers import tiny_tokenizer
+    from test_speculative import PROMPTS
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.strategies import Chain, DynamicTree
+
+    target, _ = tiny_target("llama")
+    pack_model(target.model, "int4", plan=KernelPlan(PACKED_ONLY), int4_kernel="w4a8")
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(24, ignore_eos=True)) for p in PROMPTS]
+    with torch.inference_mode():
+        vanilla = [c.token_ids for c in Engine(target, max_batch_size=1).generate(reqs)]
+        for tree in (Chain(3), DynamicTree(topk=3, depth=3, tree_tokens=8)):
+            head = _packed_head(target.model, "eagle3", 2)
+            got = Engine(target, EagleProposer(head, tree), max_batch_size=4).generate(reqs)
+            assert [c.token_ids for c in got] == vanilla

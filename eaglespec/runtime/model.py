@@ -584,6 +584,47 @@ def decoder_layer(weights: LayerWeights, index: int, x: Tensor, rope: tuple[Tens
     return x + weights.feed_forward(x, prefill)
 
 
+# ================================================================================== the layer in one call
+def layer_step_weights(attn_norm: Tensor, mlp_norm: Tensor, qkv: Sequence[Any], bqkv: Tensor | None, wo: Any,
+                       bo: Tensor | None, gate_up: Sequence[Any], b13: Tensor | None, w2: Any, b2: Tensor | None
+                       ) -> tuple | None:
+    """The weights of one layer as ``eaglespec::layer_step`` (``kernels/layer_step.cpp``) takes them: the
+    norms, then each projection as a w4a8 triple (wq, scale, offset) and its bias; ``qkv`` and ``gate_up``
+    list the projections whose output rows are stacked (q, k, v; gate, up), which are concatenated here
+    (each output row of a w4a8 weight is its own, so the stacked weight gives the same numbers). None
+    unless every projection is a float32-in ``PackedLinear`` on our w4a8 kernel without a bias of its own."""
+    def triple(layers: Sequence[Any]) -> list[Tensor] | None:
+        if not all(isinstance(p, PackedLinear) and p.kernel == "w4a8" and p.bias is None for p in layers):
+            return None
+        parts = [[p.w4_q, p.w4_scale, p.w4_offset] for p in layers]
+        return parts[0] if len(parts) == 1 else [torch.cat(ts) for ts in zip(*parts)]
+
+    ws = (triple(qkv), triple((wo,)), triple(gate_up), triple((w2,)))
+    if any(w is None for w in ws):
+        return None
+    return attn_norm, mlp_norm, ws[0], bqkv, ws[1], bo, ws[2], b13, ws[3], b2
+
+
+class LayerStepCall:
+    """What every ``eaglespec::layer_step`` call of one forward shares (the attention plan, the rotary tables, the
+    shapes); ``call(weights, x, cache, i, attn_input=None)`` runs layer i: the same numbers as ``decoder_layer``
+    with ``cached_attention``'s row-independent attention."""
+
+    def __init__(self, plan: AttentionPlan, n_new: int, rope: tuple[Tensor, Tensor], n_heads: int, n_kv_heads: int,
+                 eps: float) -> None:
+        self.plan, (self.cos, self.sin) = plan, rope
+        self.mask = plan.mask
+        if plan.is_causal:  # top-left aligned, as ``attention`` builds it for the kernel
+            self.mask = torch.ones(n_new, plan.n_slots, dtype=torch.bool, device=self.cos.device).tril()[None, None]
+        self.first = plan.row_slice.start if plan.row_slice is not None else -1
+        self.shape = (n_heads, n_kv_heads, eps)
+
+    def __call__(self, weights: tuple, x: Tensor, cache: KVCache, i: int, attn_input: Tensor | None = None) -> Tensor:
+        p = self.plan
+        return torch.ops.eaglespec.layer_step(x, attn_input, *weights, self.cos, self.sin, cache.k[i], cache.v[i],
+                                              p.rows, p.write_slots, self.first, p.n_slots, self.mask, *self.shape)
+
+
 # =============================================================================================== the model
 class DecoderLayer(nn.Module):
     """The target's layer weights (``LayerWeights``), with fused q/k/v and gate/up projections."""
@@ -870,38 +911,30 @@ class Transformer(nn.Module):
 
     def _layer_steps(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, plan: AttentionPlan,
                      wanted: set[int], saved: dict[int, Tensor]) -> None:
-        """The layers as ``eaglespec::layer_step`` calls (one a layer, ``layer_steps``): what ``decoder_layer``
-        computes with ``cached_attention``'s row-independent attention, bit for bit. Leaves the residual after
-        layer i + 1 in ``saved`` where wanted, and the last one at ``saved[-1]``."""
+        """The layers as ``eaglespec::layer_step`` calls (``layer_steps``): what ``decoder_layer`` computes with
+        ``cached_attention``'s row-independent attention, bit for bit. Leaves the residual after layer i + 1 in
+        ``saved`` where wanted, and the last one at ``saved[-1]``."""
         a = self.args
-        mask = plan.mask
-        if plan.is_causal:  # top-left aligned, as ``attention`` builds it for the kernel
-            mask = torch.ones(x.shape[1], plan.n_slots, dtype=torch.bool, device=x.device).tril()[None, None]
-        first = plan.row_slice.start if plan.row_slice is not None else -1
-        cos, sin = rope
-        step = torch.ops.eaglespec.layer_step
+        call = LayerStepCall(plan, x.shape[1], rope, a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
         for i, weights in enumerate(self.layer_steps):
-            x = step(x, *weights, cos, sin, cache.k[i], cache.v[i], plan.rows, plan.write_slots, first, plan.n_slots,
-                     mask, a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
+            x = call(weights, x, cache, i)
             if i + 1 in wanted:
                 saved[i + 1] = x
         saved[-1] = x
 
     def layer_step_args(self) -> list[tuple] | None:
-        """Per layer, the weights ``eaglespec::layer_step`` takes (norms, then each projection's w4a8 triple and
-        bias), or None unless every layer is a float32 CPU layer with w4a8-packed projections, no q/k norms and
-        the kernels loaded (``runtime.pack.pack_model`` installs them as ``layer_steps``)."""
+        """Per layer, the weights ``eaglespec::layer_step`` takes (``layer_step_weights``), or None unless every
+        layer can run it (``runtime.pack.pack_model`` installs them as ``layer_steps``)."""
         if not (cpu_kernels.loaded() and self.dtype == torch.float32 and self.device.type == "cpu"):
             return None
         steps = []
         for layer in self.layers:
-            projections = (layer.wqkv, layer.wo, layer.w13, layer.w2)
-            if layer.qk_norm is not None or not all(isinstance(p, PackedLinear) and p.kernel == "w4a8"
-                                                    and p.bias is None for p in projections):
+            w = None if layer.qk_norm is not None else layer_step_weights(
+                layer.attn_norm, layer.mlp_norm, (layer.wqkv,), layer.bqkv, layer.wo, layer.bo, (layer.w13,), layer.b13,
+                layer.w2, layer.b2)
+            if w is None:
                 return None
-            triple = (lambda p: [p.w4_q, p.w4_scale, p.w4_offset])
-            steps.append((layer.attn_norm, layer.mlp_norm, triple(layer.wqkv), layer.bqkv, triple(layer.wo), layer.bo,
-                          triple(layer.w13), layer.b13, triple(layer.w2), layer.b2))
+            steps.append(w)
         return steps
 
     def output_logits(self, hidden: Tensor, prefill: bool = False) -> Tensor:

@@ -52,10 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.kvcache import HostRows, KVCache
 from eaglespec.runtime.quant import PackedLinear
 from eaglespec.runtime.model import (
     ForwardOutput,
+    LayerStepCall,
     ModelArgs,
     RMSNorm,
     Rotary,
@@ -63,6 +65,7 @@ from eaglespec.runtime.model import (
     UnsupportedModelError,
     cached_attention,
     decoder_layer,
+    layer_step_weights,
     plan_attention,
     silu_mul,
 )
@@ -343,7 +346,8 @@ def project(layer: nn.Module, x: Tensor, prefill: bool = False) -> Tensor:
     """A head's linear layer: ``nn.Linear``, or ``runtime.quant.PackedLinear`` once packed next to a packed
     target, which picks its kernel by row count when ``prefill`` (many rows at once: the draft cache's
     catch-up and prompt encoding)."""
-    return layer(x, prefill) if isinstance(layer, PackedLinear) else layer(x)
+    # forward, not __call__: nothing hooks these layers, and nn.Module's call costs ~2 us (a dozen a draft step)
+    return layer.forward(x, prefill) if isinstance(layer, PackedLinear) else layer(x)
 
 
 class SwiGLU(nn.Module):
@@ -438,6 +442,7 @@ class DraftHead(nn.Module):
             self.layers = nn.ModuleList(HeadLayer(args, "eagle1_first" if i == 0 else "standard")
                                         for i in range(c.num_hidden_layers))
         self.rotary = Rotary(args)
+        self.layer_steps: list[tuple] | None = None  # see layer_step_args
         self.to(device=device, dtype=dtype)
 
         # shared with the target: non-persistent buffers follow .to() but are not parameters nor saved
@@ -458,6 +463,7 @@ class DraftHead(nn.Module):
         return cls(config, target.embed_tokens.weight, target.lm_head_weight if kind == "eagle1" else None)
 
     def _apply(self, fn: Any, recurse: bool = True) -> DraftHead:
+        self.layer_steps = None  # they hold the old tensors
         super()._apply(fn, recurse)
         # Module.to(dtype) casts every float buffer; the rotary tables must stay float32
         rotary = self._modules.get("rotary")
@@ -544,9 +550,36 @@ class DraftHead(nn.Module):
                 cache.k, cache.v = cache.k.clone(), cache.v.clone()
             return cached_attention(q, k, v, cache, i, plan=plan)
 
+        steps = self.layer_steps
+        if steps is not None and not (prefill or track_grad) and x.is_cpu and not torch.compiler.is_compiling():
+            c = self.config.layer_args
+            call = LayerStepCall(plan, n_new, rope, c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps)
+            for i, (layer, weights) in enumerate(zip(self.decoder_layers(), steps)):
+                own_input = layer.hidden_norm is not None or layer.input_layernorm is None
+                x = call(weights, x, cache, i, layer.attn_input(x, emb) if own_input else None)
+            return x
         for i, layer in enumerate(self.decoder_layers()):
             x = decoder_layer(layer, i, x, rope, attend, emb=emb, prefill=prefill)
         return x
+
+    def layer_step_args(self) -> list[tuple] | None:
+        """Per decoder layer, the weights ``eaglespec::layer_step`` takes (``model.layer_step_weights``; q/k/v and
+        gate/up stacked), or None unless every layer's projections are packed for our w4a8 kernel, float32 on the
+        CPU with the kernels loaded. Installed as ``layer_steps`` next to a packed target
+        (``speculative.load_draft_head``): draft steps and commits then run each layer in one call, attending
+        with the row-independent kernel instead of torch's (proposals only: what is accepted is the target's)."""
+        if not (cpu_kernels.loaded() and self.dtype == torch.float32 and self.device.type == "cpu"):
+            return None
+        steps = []
+        for layer in self.decoder_layers():
+            att, mlp, post = layer.self_attn, layer.mlp, layer.post_attention_layernorm.weight
+            pre = layer.input_layernorm.weight if layer.input_layernorm is not None else post  # unused if own input
+            w = layer_step_weights(pre, post, (att.q_proj, att.k_proj, att.v_proj), None, att.o_proj, None,
+                                   (mlp.gate_proj, mlp.up_proj), None, mlp.down_proj, None)
+            if w is None:
+                return None
+            steps.append(w)
+        return steps
 
     def logits(self, out: Tensor) -> Tensor:
         """float32 [B, T, V_out]: EAGLE-1 target lm_head(out) (V); EAGLE-3 lm_head(norm(out)) (draft_V).
@@ -556,7 +589,7 @@ class DraftHead(nn.Module):
         if self.config.kind == "eagle1":
             logits = F.linear(out, self.target_lm_head)
         else:
-            logits = self.lm_head(self.norm(out))
+            logits = project(self.lm_head, self.norm(out))
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def to_target_ids(self, ids: Tensor) -> Tensor:

@@ -109,6 +109,7 @@ def load_draft_head(head_dir, target, dtype=None):
         plans = cache_root() / "plans"  # many-row (catch-up) kernels measured on this machine, as the target's
         if cpu_kernels.available():
             pack_linears(head, "int4", kernel="w4a8", kernel_cache=plans)
+            head.layer_steps = head.layer_step_args()  # each layer of a draft step or commit in one call
         else:
             pack_linears(head, "int8", kernel_cache=plans)
     return head

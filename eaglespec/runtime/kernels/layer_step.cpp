@@ -7,7 +7,8 @@
 // dispatcher, aten for the adds, views and the cache writes), so the result is bit-identical to it (tested);
 // the layer's shapes and options outside this path (qk norms, other kernels, prompts) stay in Python.
 //
-// Inputs: x float32 [B, T, H]; the four projections as w4a8 triples (wq, scale, offset; runtime/w4a8.py) with
+// Inputs: x float32 [B, T, H] (the residual stream); attn_input: what the q/k/v projection reads, when it is
+// not rms_norm(x, attn_norm) (a draft head's first layer, spec/heads.py); the four projections as w4a8 triples (wq, scale, offset; runtime/w4a8.py) with
 // optional biases; the norms' weights [H]; cos, sin_signed [B, T, 1, D] (model.Rotary); the layer's cache
 // tensors k, v [max_batch, Hkv, max_len, D]; rows int64 [B] and write_slots int64 [B, T] (where the new keys
 // and values go); row_first: rows as a slice start when they are contiguous (-1: gather); n_slots: attention
@@ -68,7 +69,8 @@ void write_new(Tensor& dst, const Tensor& src, const int64_t* rows, const int64_
   }
 }
 
-Tensor layer_step(const Tensor& x, const Tensor& attn_norm, const Tensor& mlp_norm, std::vector<Tensor> wqkv,
+Tensor layer_step(const Tensor& x, const c10::optional<Tensor>& attn_input, const Tensor& attn_norm,
+                  const Tensor& mlp_norm, std::vector<Tensor> wqkv,
                   c10::optional<Tensor> bqkv, std::vector<Tensor> wo, c10::optional<Tensor> bo,
                   std::vector<Tensor> w13, c10::optional<Tensor> b13, std::vector<Tensor> w2,
                   c10::optional<Tensor> b2, const Tensor& cos, const Tensor& sin, Tensor k_cache, Tensor v_cache,
@@ -90,7 +92,8 @@ Tensor layer_step(const Tensor& x, const Tensor& attn_norm, const Tensor& mlp_no
               write_slots.numel() == b * t, "layer_step: rows [B] and write_slots [B, T] must be int64");
   TORCH_CHECK(n_slots >= 1 && n_slots <= k_cache.size(2), "layer_step: n_slots out of range");
   // attention: project, rotate q and k, store k and v, attend over the cache
-  Tensor qkv = linear(norm(x, attn_norm, eps), wqkv, bqkv).view({b, t, n_heads + 2 * n_kv_heads, d});
+  const Tensor a = attn_input.has_value() ? *attn_input : norm(x, attn_norm, eps);
+  Tensor qkv = linear(a, wqkv, bqkv).view({b, t, n_heads + 2 * n_kv_heads, d});
   Tensor qk = rotary.call(qkv.narrow(2, 0, n_heads + n_kv_heads), cos, sin);  // [B, T, Hq + Hkv, D]
   Tensor v = qkv.narrow(2, n_heads + n_kv_heads, n_kv_heads);
   const Tensor rows_c = rows.contiguous(), slots_c = write_slots.contiguous();
@@ -115,7 +118,7 @@ Tensor layer_step(const Tensor& x, const Tensor& attn_norm, const Tensor& mlp_no
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(eaglespec, m) {
-  m.def("layer_step(Tensor x, Tensor attn_norm, Tensor mlp_norm, Tensor[] wqkv, Tensor? bqkv, Tensor[] wo, "
+  m.def("layer_step(Tensor x, Tensor? attn_input, Tensor attn_norm, Tensor mlp_norm, Tensor[] wqkv, Tensor? bqkv, Tensor[] wo, "
         "Tensor? bo, Tensor[] w13, Tensor? b13, Tensor[] w2, Tensor? b2, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor rows, Tensor write_slots, int row_first, int n_slots, Tensor? mask, int n_heads, "
         "int n_kv_heads, float eps) -> Tensor");
