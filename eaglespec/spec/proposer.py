@@ -56,7 +56,8 @@ class _Drafted:
     """Bookkeeping of one propose() call, used by commit()."""
 
     prefix: Tensor  # int64 [B] draft/target prefix length P when drafting started
-    node_slot: Tensor  # int64 [B, N]: offset (from P) of the draft slot holding each node's drafted pair, -1 if none
+    node_slot: Tensor | None  # int64 [B, N]: offset (from P) of the draft slot holding each node's drafted pair,
+    # -1 if none; None when no node has one (strategies.Strategy.draft)
     host: HostRows | None  # the rows and their lengths P on the host, when the engine passed them
 
 
@@ -249,7 +250,7 @@ class EagleProposer:
         # Pair j = (f_{path[j]}, token of path[j+1]) for j < k, (f_{path[k]}, bonus) for j = k.
         next_tok = torch.cat([tree.tokens.gather(1, path[:, 1:]), verdict.bonus[:, None]], dim=1)  # [B, D+1]
         next_tok = torch.where(j == k[:, None], verdict.bonus[:, None], next_tok)
-        if self.alignment == "last":
+        if self.alignment == "last" and d.node_slot is not None:
             # Drafted pairs of accepted nodes a_1..a_m (m = length of the drafted prefix of the path) are kept.
             slot = d.node_slot.gather(1, path[:, 1:])  # [B, D] drafted slot of a_{j+1}'s pair, -1 if none
             have = (slot >= 0) & (j[:, :-1] < k[:, None])  # [B, D]

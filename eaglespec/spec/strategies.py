@@ -113,9 +113,10 @@ class TreeStrategy:
         """Short name, e.g. chain2, static26, dynamic5x4:16, none."""
         raise NotImplementedError
 
-    def draft(self, drafter: Drafter | None, pending: Tensor) -> tuple[DraftTree, Tensor]:
+    def draft(self, drafter: Drafter | None, pending: Tensor) -> tuple[DraftTree, Tensor | None]:
         """The step's trees rooted at `pending` int64 [B], and node_slot int64 [B, N]: for each node, the
-        drafted slot (offset from the prefix) holding its pair, -1 when it was not expanded."""
+        drafted slot (offset from the prefix) holding its pair, -1 when it was not expanded; None when no node
+        was expanded (a chain of 1, no tree), so that commit has no drafted pair to keep."""
         raise NotImplementedError
 
 
@@ -212,6 +213,8 @@ class StaticTree(TreeStrategy):
                     draft_q = torch.zeros(B, shape.num_nodes, q.shape[-1], device=q.device)
                 draft_q[:, list(lv.expanded)] = q
         tree = expand_static(shape, pending, level_tokens, level_logp, draft_q)
+        if not drafted:  # the root's children only (a chain of 1): no drafted pair in the draft cache
+            return tree, None
         node_slot = torch.full((B, shape.num_nodes), -1, dtype=torch.long, device=device)
         node_slot[:, list(drafted)] = torch.arange(len(drafted), device=device)
         return tree, node_slot
@@ -329,10 +332,9 @@ class NoDraft(TreeStrategy):
     def label(self) -> str:
         return "none"
 
-    def draft(self, drafter: Drafter | None, pending: Tensor) -> tuple[DraftTree, Tensor]:
+    def draft(self, drafter: Drafter | None, pending: Tensor) -> tuple[DraftTree, None]:
         """Needs no drafter (None is fine)."""
-        node_slot = torch.full((pending.shape[0], 1), -1, dtype=torch.long, device=pending.device)
-        return DraftTree.root_only(pending), node_slot
+        return DraftTree.root_only(pending), None
 
 
 TREE_KINDS: dict[str, type[TreeStrategy]] = {c.kind: c for c in (Chain, StaticTree, DynamicTree, NoDraft)}
