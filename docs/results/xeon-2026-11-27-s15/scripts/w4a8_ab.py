@@ -1,5 +1,5 @@
 # The model's 121 packed linears (30 layers' qkv/o/gate-up/down + lm_head, random int4) at 1/2/4/8 rows with
-# w4a8 builds given as torch.ops namespaces (w4_old = the session's starting kernel, w4_acc2 = two integer
+# w4a8 builds given as torch.ops namespaces (variants.py writes them: w4_old = the session's starting kernel, w4_acc2 = two integer
 # accumulators a row; "eaglespec" = the project's own), alternating per round; outputs asserted equal.
 # Usage: w4a8_ab.py ROUNDS NAME[,NAME...]
 import statistics, sys, time, torch
