@@ -883,8 +883,7 @@ class Transformer(nn.Module):
 
         exact_rows = self.row_attention and not prefill
         if exact_rows and self.layer_steps is not None and x.is_cpu and not torch.compiler.is_compiling():
-            self._layer_steps(x, rope, cache, plan, wanted, saved)
-            x = saved.pop(-1)
+            x = self._layer_steps(x, rope, cache, plan, wanted, saved)
         else:
             def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
                 return cached_attention(q, k, v, cache, i, plan=plan, compute_dtype=self.attention_dtype,
@@ -910,17 +909,17 @@ class Transformer(nn.Module):
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
 
     def _layer_steps(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, plan: AttentionPlan,
-                     wanted: set[int], saved: dict[int, Tensor]) -> None:
+                     wanted: set[int], saved: dict[int, Tensor]) -> Tensor:
         """The layers as ``eaglespec::layer_step`` calls (``layer_steps``): what ``decoder_layer`` computes with
-        ``cached_attention``'s row-independent attention, bit for bit. Leaves the residual after layer i + 1 in
-        ``saved`` where wanted, and the last one at ``saved[-1]``."""
+        ``cached_attention``'s row-independent attention, bit for bit. Returns the last layer's residual stream
+        and leaves the one after layer i + 1 in ``saved`` where wanted."""
         a = self.args
         call = LayerStepCall(plan, x.shape[1], rope, a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
         for i, weights in enumerate(self.layer_steps):
             x = call(weights, x, cache, i)
             if i + 1 in wanted:
                 saved[i + 1] = x
-        saved[-1] = x
+        return x
 
     def layer_step_args(self) -> list[tuple] | None:
         """Per layer, the weights ``eaglespec::layer_step`` takes (``layer_step_weights``), or None unless every
