@@ -1,6 +1,6 @@
 # time the paused proposer's pieces with perf_counter wrappers (calibrated auto at T=1 b1: paused most steps)
 import sys, time, collections, torch
-sys.path.insert(0, "/work/main/docs/results/xeon-2026-11-27-s12/scripts")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "xeon-2026-11-27-s12" / "scripts"))  # common.py
 from common import mt_bench_requests
 from eaglespec.runtime.loading import load_target
 from eaglespec.engine.generate import Engine
@@ -24,4 +24,3 @@ with torch.inference_mode():
     e.generate(reqs[:1]); acc.clear(); cnt.clear()
     for r in reqs: e.generate([r])
 for k in acc: print(f"{k:8s} {cnt[k]:5d} calls {acc[k]/cnt[k]*1e6:8.1f} us/call")
-print("steps labels:", collections.Counter(st for st in []))
