@@ -11,12 +11,8 @@ torch.set_num_threads(2)
 t = load_target()
 reqs = mt_bench_requests(t.tokenizer, 8, first=3, temperature=0.0)
 p = build_proposer(t, DraftOptions(tree="chain", depth=1)) if sys.argv[-1] != "vanilla" else None
-acc = collections.defaultdict(float); cnt = collections.Counter()
-def wrap(obj, name, label):
-    f = getattr(obj, name)
-    def w(*a, **k):
-        t0 = time.perf_counter(); r = f(*a, **k); acc[label] += time.perf_counter() - t0; cnt[label] += 1; return r
-    setattr(obj, name, w)
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from timers import acc, cnt, wrap
 if p is not None:
     wrap(p, "propose", "propose"); wrap(p, "commit", "commit")
     wrap(p.head, "forward", "head.forward"); wrap(p.head, "fuse", "head.fuse"); wrap(p.head, "logits", "head.logits")

@@ -11,12 +11,8 @@ torch.set_num_threads(2)
 t = load_target()
 reqs = mt_bench_requests(t.tokenizer, 8, first=3, temperature=1.0)
 p = build_calibrated_proposer(t, DraftOptions(tree="auto"))
-acc = collections.defaultdict(float); cnt = collections.Counter()
-def wrap(obj, name, label):
-    f = getattr(obj, name)
-    def w(*a, **k):
-        t0 = time.perf_counter(); r = f(*a, **k); acc[label] += time.perf_counter() - t0; cnt[label] += 1; return r
-    setattr(obj, name, w)
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from timers import acc, cnt, wrap
 wrap(p, "propose", "propose"); wrap(p, "commit", "commit"); wrap(p, "_record_paused", "record")
 wrap(p.dispatcher, "pick", "pick"); wrap(p.dispatcher, "observe", "observe")
 e = Engine(t, p, max_batch_size=1)
