@@ -374,3 +374,19 @@ def test_root_only_and_select():
     sub = tree.select(t([1]))
     sub.validate()
     assert sub.tokens.tolist() == [[200, 10, 11, 22, 23, 40]] and sub.draft_q is None
+
+
+def test_a_chain_is_flagged_and_its_ancestor_mask_is_causal():
+    """The engine verifies a flagged chain without a block mask (causal within the block): that is only right
+    if a chain's ancestor-or-self mask is lower-triangular, and only chains may carry the flag."""
+    for paths, chain in (([(0,), (0, 0), (0, 0, 0)], True), ([(0,)], True), ([(0,), (1,)], False),
+                         (EAGLE1_TREE_PATHS, False)):
+        shape = static_shape(paths)
+        assert shape.is_chain == chain
+        levels = [(torch.zeros(2, len(lv.expanded), lv.topk, dtype=torch.long),
+                   torch.zeros(2, len(lv.expanded), lv.topk)) for lv in shape.levels]
+        tree = expand_static(shape, torch.tensor([1, 2]), [t for t, _ in levels], [lp for _, lp in levels])
+        assert tree.chain == chain
+        if chain:
+            n = shape.num_nodes
+            assert torch.equal(tree_mask(tree.parents, tree.valid), torch.ones(n, n, dtype=torch.bool).tril().expand(2, n, n))

@@ -372,7 +372,7 @@ class Engine:
             tree_positions(tree.depth, prefix),
             self.cache,
             rows=rows,
-            block_mask=None if n == 1 else tree_mask(tree.parents, tree.valid),
+            block_mask=None if n == 1 or tree.chain else tree_mask(tree.parents, tree.valid),  # a chain: causal
             logits_at="all",
             hidden_indices=hidden_indices,
             host=HostRows(host_rows, host_lengths, max(host_lengths) + depth_bound),

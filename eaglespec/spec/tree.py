@@ -58,6 +58,8 @@ class DraftTree:
     draft_q: Tensor | None = None  # float32 [B, N, V]: distribution each node's children were SAMPLED from
     max_depth: int | None = None  # host-side upper bound of `depth` known from the tree's shape (None = unknown):
     # lets verification size its outputs without reading the tree back
+    chain: bool = False  # known from the shape: every row is one path, node i the parent of node i + 1 (all
+    # valid), so its ancestor mask is causal and a forward needs no block mask (``tree_mask`` of it is tril)
 
     @property
     def num_nodes(self) -> int:
@@ -263,6 +265,11 @@ class TreeShape:
         return len(self.levels)
 
     @property
+    def is_chain(self) -> bool:
+        """One path: node i is the parent of node i + 1."""
+        return self.parents == tuple(range(-1, self.num_nodes - 1))
+
+    @property
     def depth_counts(self) -> tuple[int, ...]:
         """Nodes per depth, root included: e.g. (1, 4, 8, 8, 3, 2) for EAGLE1_TREE_PATHS."""
         return tuple(self.depths.count(d) for d in range(self.max_depth + 1))
@@ -383,6 +390,7 @@ def expand_static(shape: TreeShape, root_tokens: Tensor, level_tokens: Sequence[
         draft_logp=logp,
         draft_q=draft_q,
         max_depth=shape.max_depth,
+        chain=shape.is_chain,
     )
 
 
