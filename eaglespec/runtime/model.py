@@ -21,7 +21,7 @@ uncommitted block slots; the draft heads add tree levels this way).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal, Protocol
 
@@ -605,6 +605,21 @@ def layer_step_weights(attn_norm: Tensor, mlp_norm: Tensor, qkv: Sequence[Any], 
     return attn_norm, mlp_norm, ws[0], bqkv, ws[1], bo, ws[2], b13, ws[3], b2
 
 
+def layer_step_table(dtype: torch.dtype, device: torch.device, layers: Iterable[tuple | None]) -> list[tuple] | None:
+    """Per layer, the weights ``eaglespec::layer_step`` takes, or None unless the kernels are loaded, the layers
+    compute in float32 on the CPU and every layer can run it. ``layers``: per layer, the arguments of
+    ``layer_step_weights``, or None for a layer that cannot run it (read only once the rest qualifies)."""
+    if not (cpu_kernels.loaded() and dtype == torch.float32 and device.type == "cpu"):
+        return None
+    steps = []
+    for args in layers:
+        weights = None if args is None else layer_step_weights(*args)
+        if weights is None:
+            return None
+        steps.append(weights)
+    return steps
+
+
 class LayerStepCall:
     """What every ``eaglespec::layer_step`` call of one forward shares (the attention plan, the rotary tables, the
     shapes); ``call(weights, x, cache, i, attn_input=None)`` runs layer i: the same numbers as ``decoder_layer``
@@ -922,19 +937,11 @@ class Transformer(nn.Module):
         return x
 
     def layer_step_args(self) -> list[tuple] | None:
-        """Per layer, the weights ``eaglespec::layer_step`` takes (``layer_step_weights``), or None unless every
-        layer can run it (``runtime.pack.pack_model`` installs them as ``layer_steps``)."""
-        if not (cpu_kernels.loaded() and self.dtype == torch.float32 and self.device.type == "cpu"):
-            return None
-        steps = []
-        for layer in self.layers:
-            w = None if layer.qk_norm is not None else layer_step_weights(
-                layer.attn_norm, layer.mlp_norm, (layer.wqkv,), layer.bqkv, layer.wo, layer.bo, (layer.w13,), layer.b13,
-                layer.w2, layer.b2)
-            if w is None:
-                return None
-            steps.append(w)
-        return steps
+        """Per layer, the weights ``eaglespec::layer_step`` takes (``layer_step_table``; layers with q/k norms
+        cannot), or None (``runtime.pack.pack_model`` installs them as ``layer_steps``)."""
+        return layer_step_table(self.dtype, self.device, (
+            None if l.qk_norm is not None else
+            (l.attn_norm, l.mlp_norm, (l.wqkv,), l.bqkv, l.wo, l.bo, (l.w13,), l.b13, l.w2, l.b2) for l in self.layers))
 
     def output_logits(self, hidden: Tensor, prefill: bool = False) -> Tensor:
         """float32 logits [..., V] of final-normed ``hidden`` [..., H].

@@ -52,7 +52,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.kvcache import HostRows, KVCache
 from eaglespec.runtime.quant import PackedLinear
 from eaglespec.runtime.model import (
@@ -65,7 +64,7 @@ from eaglespec.runtime.model import (
     UnsupportedModelError,
     cached_attention,
     decoder_layer,
-    layer_step_weights,
+    layer_step_table,
     plan_attention,
     silu_mul,
 )
@@ -563,23 +562,18 @@ class DraftHead(nn.Module):
         return x
 
     def layer_step_args(self) -> list[tuple] | None:
-        """Per decoder layer, the weights ``eaglespec::layer_step`` takes (``model.layer_step_weights``; q/k/v and
+        """Per decoder layer, the weights ``eaglespec::layer_step`` takes (``model.layer_step_table``; q/k/v and
         gate/up stacked), or None unless every layer's projections are packed for our w4a8 kernel, float32 on the
         CPU with the kernels loaded. Installed as ``layer_steps`` next to a packed target
         (``speculative.load_draft_head``): draft steps and commits then run each layer in one call, attending
         with the row-independent kernel instead of torch's (proposals only: what is accepted is the target's)."""
-        if not (cpu_kernels.loaded() and self.dtype == torch.float32 and self.device.type == "cpu"):
-            return None
-        steps = []
-        for layer in self.decoder_layers():
+        def args(layer: HeadLayer) -> tuple:
             att, mlp, post = layer.self_attn, layer.mlp, layer.post_attention_layernorm.weight
             pre = layer.input_layernorm.weight if layer.input_layernorm is not None else post  # unused if own input
-            w = layer_step_weights(pre, post, (att.q_proj, att.k_proj, att.v_proj), None, att.o_proj, None,
-                                   (mlp.gate_proj, mlp.up_proj), None, mlp.down_proj, None)
-            if w is None:
-                return None
-            steps.append(w)
-        return steps
+            return (pre, post, (att.q_proj, att.k_proj, att.v_proj), None, att.o_proj, None,
+                    (mlp.gate_proj, mlp.up_proj), None, mlp.down_proj, None)
+
+        return layer_step_table(self.dtype, self.device, (args(layer) for layer in self.decoder_layers()))
 
     def logits(self, out: Tensor) -> Tensor:
         """float32 [B, T, V_out]: EAGLE-1 target lm_head(out) (V); EAGLE-3 lm_head(norm(out)) (draft_V).
