@@ -3,8 +3,8 @@
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
 result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call;
 ``select.cpp``: argmax and top-k of vocabulary rows; ``layer_elementwise.cpp``: rotary and SwiGLU in one call
-each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They need AVX-512 with VNNI on x86-64 Linux and a C++ compiler: torch's extension builder (ninja +
-g++/clang) compiles them into one library under the cache directory the first time (~20 s), and later
+each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They need AVX-512 with VNNI
+on x86-64 Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles them into one library under the cache directory the first time (~20 s), and later
 processes load it (a changed source, flag or torch version builds a new one). Where they cannot run,
 ``available()`` is False and ``unavailable_reason()`` says why; callers then keep torch's kernels.
 """
@@ -144,7 +144,7 @@ def loaded() -> bool:
 def serves(*tensors: torch.Tensor) -> bool:
     """Whether the kernels can take these tensors: loaded in this process (``loaded``) and every tensor float32
     on the CPU. What else a caller needs (no gradients, not being compiled) is the caller's to add."""
-    if not _state.get("ok"):
+    if not loaded():
         return False
     for t in tensors:  # a plain loop and ``is_cpu``: asked ~120 times a decode step, a generator and
         if t.dtype is not torch.float32 or not t.is_cpu:  # ``device.type`` cost ~1.5 us a call
