@@ -76,4 +76,4 @@ def test_a_decode_step_reads_back_only_the_accepted_tokens(tiny, tree):
 def test_last_alignment_reads_its_kept_pairs(tiny):
     """The documented exception: the commit reads how many pairs to re-encode, and its forward then plans
     its attention from the device lengths."""
-    assert step_reads(tiny, "chain", alignment="last") == {"_step": 1, "commit": 1, "plan_attention": 1}
+    assert step_reads(tiny, "chain", alignment="last") == {"_step": 1, "_commit_tree": 1, "plan_attention": 1}

@@ -88,6 +88,38 @@ def test_alignment_schemes_keep_greedy_identity(tiny, vanilla, alignment, tree):
     assert [c.token_ids for c in got] == expected
 
 
+@pytest.mark.parametrize("depth,alignment", [(1, "stable"), (1, "last"), (3, "stable")])
+def test_chain_commits_leave_the_draft_state_of_the_general_commit(tiny, vanilla, depth, alignment, monkeypatch):
+    """Chains re-encode their accepted pairs by slicing (``_commit_chain``); the general commit gathers them by
+    node. Both must draft the same trees afterwards, step for step, at batch 1 and with rows of unequal
+    acceptance side by side."""
+    reqs, _ = vanilla
+
+    def drafted(general):
+        proposer = EagleProposer(make_head(tiny, "eagle3"), Chain(depth), alignment=alignment)
+        taken = []
+        if general:
+            monkeypatch.setattr(proposer, "_commit_chain", proposer._commit_tree)
+        else:
+            chain_commit = proposer._commit_chain
+            monkeypatch.setattr(proposer, "_commit_chain", lambda *a: (taken.append(1), chain_commit(*a)))
+        propose, trees = proposer.propose, []
+
+        def recorded(*args, **kwargs):
+            tree = propose(*args, **kwargs)
+            trees.append(tree.tokens.tolist())
+            return tree
+
+        monkeypatch.setattr(proposer, "propose", recorded)
+        with torch.inference_mode():
+            Engine(tiny, proposer, max_batch_size=3).generate(reqs)
+        return trees, len(taken)
+
+    got, chain_calls = drafted(general=False)
+    want, _ = drafted(general=True)
+    assert chain_calls > 0 and got == want
+
+
 def test_dispatcher_changes_tree_with_batch(tiny, vanilla):
     reqs, expected = vanilla
     table = TreeDispatcher({1: TREES["dynamic"], 2: TREES["static"], 3: Chain(2)})

@@ -67,6 +67,40 @@ def test_a_chain_is_the_static_tree_of_one_path():
         assert torch.equal(getattr(tree, name), getattr(ref, name))
 
 
+class RandomDrafter:
+    """Seeded random children (tokens, log-probs and, when ``sampled``, the distribution q [B, K, V] they were
+    drawn from); an expanded node's feature is its token. Two drafters with one seed draft the same."""
+
+    def __init__(self, batch: int, seed: int, sampled: bool, vocab: int = 50):
+        self.batch, self.sampled, self.vocab = batch, sampled, vocab
+        self.g = torch.Generator().manual_seed(seed)
+
+    def root_features(self):
+        return torch.zeros(self.batch, 1, 1)
+
+    def children(self, h, k):
+        B, K = h.shape[:2]
+        ids = torch.randint(0, self.vocab, (B, K, k), generator=self.g)
+        q = torch.rand(B, K, self.vocab, generator=self.g).softmax(-1) if self.sampled else None
+        return ids, -torch.rand(B, K, k, generator=self.g), q
+
+    def expand(self, parent_h, tokens, depth, mask):
+        return tokens[..., None].float()
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_chain_drafts_what_the_general_static_tree_assembles(depth, sampled):
+    tree, slot = Chain(depth).draft(RandomDrafter(3, depth, sampled), torch.tensor([5, 6, 7]))
+    ref, ref_slot = StaticTree(Chain(depth).paths).draft(RandomDrafter(3, depth, sampled), torch.tensor([5, 6, 7]))
+    tree.validate()
+    for name in ("tokens", "parents", "depth", "valid", "draft_logp"):
+        assert torch.equal(getattr(tree, name), getattr(ref, name)), name
+    assert (tree.draft_q is None) == (not sampled) and (not sampled or torch.equal(tree.draft_q, ref.draft_q))
+    assert (slot is None and ref_slot is None) or torch.equal(slot, ref_slot)
+    assert tree.chain and ref.chain and tree.max_depth == ref.max_depth == depth
+
+
 def test_labels_sizes_and_depths():
     assert [(s.label, s.num_nodes, s.max_depth) for s in (
         Chain(2), StaticTree(), DynamicTree(topk=4, depth=5, tree_tokens=16), NoDraft())] == [

@@ -97,6 +97,29 @@ def test_greedy_root_only_is_vanilla_argmax():
     assert torch.equal(v.bonus, logits[:, 0].argmax(-1))
 
 
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_greedy_chains_take_the_running_match_as_the_tree_walk_does(depth):
+    # chain=True takes the one-product path; the same trees unflagged walk level by level. Drafts copy the
+    # target's tokens with a few errors so every acceptance length 0..depth occurs.
+    g = torch.Generator().manual_seed(depth)
+    B, N, V = 64, depth + 1, 5
+    logits = torch.randn(B, N, V, generator=g)
+    target = logits.argmax(-1)
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), target[:, :-1]], dim=1)
+    wrong = torch.rand(B, N, generator=g) < 0.3
+    tokens = torch.where(wrong, (tokens + 1) % V, tokens)
+    walked = make_tree(tokens, list(range(-1, depth)))
+    chain = DraftTree(walked.tokens, walked.parents, walked.depth, walked.valid, walked.draft_logp, chain=True)
+    for max_depth in (None, depth):
+        fast, slow = verify_greedy(chain, logits, max_depth=max_depth), verify_greedy(walked, logits)
+        assert torch.equal(fast.path, slow.path) and torch.equal(fast.n_accepted, slow.n_accepted)
+        assert torch.equal(fast.bonus, slow.bonus)
+    assert set(fast.n_accepted.tolist()) == set(range(depth + 1))
+    if depth > 1:  # a cut below the chain's depth prunes as for any tree
+        cut = verify_greedy(chain, logits, max_depth=1)
+        assert torch.equal(cut.n_accepted, slow.n_accepted.clamp(max=1))
+
+
 def test_max_depth_sizes_the_path_and_prunes_deeper_nodes():
     argmax = [[3, 4, 9, 0, 9, 2]]
     tree = make_tree([TOKENS_A], PARENTS_A)

@@ -379,7 +379,7 @@ class Engine:
         )
         verdict = self._verify(seqs, tree, out.logits)
         counts = verdict.n_accepted + 1  # root + accepted draft nodes enter the prefix
-        if n == 1:
+        if n == 1 or tree.chain:  # a chain's accepted nodes are the first of its block: already in place
             self.cache.advance(rows, counts)
         else:
             self.cache.compact(rows, prefix[:, None] + verdict.path.clamp(min=0), counts)

@@ -419,7 +419,7 @@ class DraftHead(nn.Module):
                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
         super().__init__()
         c = self.config = config
-        args = c.layer_args
+        args = self.layer_args = c.layer_args  # kept: every draft forward reads it (~20 us to build)
         if tuple(embed_weight.shape) != (c.vocab_size, c.hidden_size):
             raise ValueError(f"embedding table {tuple(embed_weight.shape)} does not fit the head "
                              f"(vocab_size {c.vocab_size}, hidden_size {c.hidden_size})")
@@ -551,7 +551,7 @@ class DraftHead(nn.Module):
 
         steps = self.layer_steps
         if steps is not None and not (prefill or track_grad) and x.is_cpu and not torch.compiler.is_compiling():
-            c = self.config.layer_args
+            c = self.layer_args
             call = LayerStepCall(plan, n_new, rope, c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps)
             for i, (layer, weights) in enumerate(zip(self.decoder_layers(), steps)):
                 own_input = layer.hidden_norm is not None or layer.input_layernorm is None

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from eaglespec.runtime.kvcache import HostRows
+from eaglespec.runtime.logits import argmax
 from eaglespec.spec.costmodel import Choice
 from eaglespec.spec.heads import DraftHead
 from eaglespec.spec.strategies import Chain, TreeDispatcher, TreeStrategy
@@ -243,6 +244,14 @@ class EagleProposer:
         if not self._cfg.drafts and self.max_lag > 0:
             self._record_paused(rows, verdict.bonus, out)
             return
+        if tree.chain and d.host is not None and (self.alignment == "stable" or d.node_slot is None):
+            self._commit_chain(rows, tree, verdict, out, host_k)
+        else:
+            self._commit_tree(rows, tree, verdict, out, host_k)
+
+    def _commit_tree(self, rows: Tensor, tree: DraftTree, verdict, out, host_k: list[int]) -> None:
+        """``commit`` of any tree: the accepted path's pairs gathered by node index."""
+        d = self._drafted
         B, D1 = verdict.path.shape  # path [B, D+1]: root first, -1 padded
         k = verdict.n_accepted  # [B]
         path = verdict.path.clamp(min=0)
@@ -271,6 +280,23 @@ class EagleProposer:
         o = self.head(self.head.fuse(f), toks, positions, self.cache, rows=rows, host=host)  # [B, T, H]
         self.cache.advance(rows, n_new)
         self.last_h[rows] = o.gather(1, (n_new - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+
+    def _commit_chain(self, rows: Tensor, tree: DraftTree, verdict, out, host_k: list[int]) -> None:
+        """``commit`` re-encoding every new pair of chains (the "stable" alignment, or nothing drafted to keep):
+        the accepted path is nodes 0..k, so pair j is (f_j, token of node j + 1) for j < k and (f_k, bonus),
+        read with slices instead of the general path's gathers; the same pairs at the same positions."""
+        d = self._drafted
+        B, N = tree.tokens.shape
+        T = max(host_k) + 1  # pairs of the longest row; shorter rows' extra pairs are padding, never committed
+        k = verdict.n_accepted  # [B]
+        j = torch.arange(T, device=rows.device)  # [T]
+        next_tok = torch.cat([tree.tokens[:, 1:], verdict.bonus[:, None]], dim=1)[:, :T]  # [B, T]
+        toks = torch.where(j[None, :] == k[:, None], verdict.bonus[:, None], next_tok)  # [B, T]
+        f = self.head.target_feature(out)[:, :T].to(self.head.dtype)  # [B, T, F]
+        host = replace(d.host, max_position=max(d.host.lengths) + T - 1)
+        o = self.head(self.head.fuse(f), toks, d.prefix[:, None] + j[None, :], self.cache, rows=rows, host=host)
+        self.cache.advance(rows, k + 1)
+        self.last_h[rows] = o.gather(1, k[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
 
     # ------------------------------------------------------------------------------------ paused steps
 
@@ -377,6 +403,9 @@ class EagleProposer:
     # ---------------------------------------------------------------------- drafting (strategies.Drafter)
 
     def root_features(self) -> Tensor:
+        host = self._host
+        if host is not None and host.rows and host.rows == tuple(range(host.rows[0], host.rows[0] + len(host.rows))):
+            return self.last_h[host.rows[0]: host.rows[0] + len(host.rows), None]  # [B, 1, H]: a view, no gather
         return self.last_h[self._rows][:, None]  # [B, 1, H]
 
     def children(self, o: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -384,6 +413,9 @@ class EagleProposer:
         [B, K, k] and, when sampling, the distribution q they were drawn from in TARGET vocab [B, K, V]."""
         logits = self.head.logits(o).float()  # [B, K, V'] draft vocabulary
         if self._step_temperature is None:
+            if k == 1:  # chains: the argmax kernel instead of a top-k (~20 us less a node of 8192, 2-core Xeon)
+                ids = argmax(logits)[..., None]  # [B, K, 1]
+                return self.head.to_target_ids(ids), torch.log_softmax(logits, dim=-1).gather(-1, ids), None
             lp, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
             return self.head.to_target_ids(ids), lp, None
         t = self._step_temperature  # [B]; rows at 0 (greedy requests) take the top-k of q at 1

@@ -245,6 +245,35 @@ class Chain(StaticTree):
     def label(self) -> str:
         return f"chain{self.depth}"
 
+    def draft(self, drafter: Drafter, pending: Tensor) -> tuple[DraftTree, Tensor | None]:
+        """``StaticTree.draft`` of one path, without its per-level index assignments: node d + 1 is the top-1 (or
+        sampled) child of node d, so the tree is the concatenation of the levels (~60 us less a step than the
+        general assembly for a chain of 1 on a 2-core Xeon; tested equal to it)."""
+        B, device, N = pending.shape[0], pending.device, self.depth + 1
+        masks, drafted = _level_masks(self.shape, str(device))
+        h = drafter.root_features()  # [B, 1, H]
+        tokens, logp, qs = [pending[:, None]], [torch.zeros(B, 1, device=device)], []
+        for d in range(self.depth):
+            if d > 0:
+                h = drafter.expand(h, tokens[-1], d, masks[d - 1].expand(B, -1, -1))  # [B, 1, H]
+            tok, lp, q = drafter.children(h, 1)  # [B, 1, 1] each; q [B, 1, V] or None
+            tokens.append(tok[:, :, 0])
+            logp.append(lp[:, :, 0].to(torch.float32))
+            qs.append(q)
+        draft_q = None
+        if qs[0] is not None:  # the leaf's children were never drawn: zeros, as the general assembly leaves them
+            draft_q = torch.cat([*qs, qs[0].new_zeros(B, 1, qs[0].shape[-1])], dim=1)  # [B, N, V]
+        idx = self.shape._indices(device)
+        tree = DraftTree(tokens=torch.cat(tokens, dim=1), parents=idx["parents"].expand(B, N).clone(),
+                         depth=idx["depths"].expand(B, N).clone(), valid=torch.ones(B, N, dtype=torch.bool, device=device),
+                         draft_logp=torch.cat(logp, dim=1), draft_q=draft_q, max_depth=self.depth, chain=True)
+        if not drafted:  # a chain of 1: nothing drafted into the draft cache
+            return tree, None
+        # nodes 1 .. depth - 1 were expanded, in order: drafted slot j holds node j + 1's pair
+        node_slot = torch.arange(-1, N - 1, device=device).expand(B, N).clone()
+        node_slot[:, -1] = -1
+        return tree, node_slot
+
 
 @dataclass(frozen=True)
 class DynamicTree(TreeStrategy):
