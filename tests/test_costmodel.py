@@ -388,11 +388,20 @@ def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts(monkeypatch
             for p, n in zip(PROMPTS, (40, 4, 12, 20))]
     head = make_head(target, "eagle3")
     runs = []
-    for max_lag in (0, 16, 4):  # encode every step; catch up when drafting resumes; also when 4 pairs wait
+    # encode every step; catch up when drafting resumes; also when 4 pairs wait; and from step 5 on without the
+    # engine's host rows (paused pairs then recorded by the device's counts alone)
+    for max_lag, host_until in ((0, None), (16, None), (4, None), (16, 5)):
         proposer = EagleProposer(head, Scripted(script), max_lag=max_lag)
         trees = []
         orig = proposer.propose
-        proposer.propose = lambda *a, **k: trees.append(orig(*a, **k)) or trees[-1]
+
+        def propose(*a, _orig=orig, _trees=trees, _until=host_until, **k):
+            if _until is not None and len(_trees) >= _until:
+                k["host"] = None
+            _trees.append(_orig(*a, **k))
+            return _trees[-1]
+
+        proposer.propose = propose
         with torch.inference_mode():
             done = Engine(target, proposer, max_batch_size=2).generate(reqs)
         runs.append(([c.token_ids for c in done], trees))
@@ -405,6 +414,43 @@ def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts(monkeypatch
             torch.testing.assert_close(a.draft_logp, b.draft_logp, rtol=0, atol=1e-5)
             drafted += a.tokens.shape[1] > 1
         assert drafted >= 5  # drafting resumed after pauses of 10, 3, 9 and 7 steps
+
+
+def test_a_catch_up_after_a_paused_request_left_reads_within_the_buffer(monkeypatch):
+    """Requests one after another in one row: the first pauses to its end (its recorded pairs leave with it,
+    the pause's bound stays), the next pauses for fewer steps and then drafts. The catch-up's span (the bound)
+    then exceeds what the buffer was grown for; it must still draft what encoding every step drafts."""
+    import torch
+
+    from eaglespec.spec import proposer as prop
+
+    monkeypatch.setattr(prop, "LAG_CHUNK", 2)
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.strategies import Chain, NoDraft
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    script = [NoDraft()] * 11 + [Chain(2)]  # the first request's 6 steps, then 5 paused steps of the second
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(n, ignore_eos=True))
+            for p, n in zip(PROMPTS, (7, 20))]
+    head = make_head(target, "eagle3")
+    runs = []
+    for max_lag in (0, 64):
+        proposer = EagleProposer(head, Scripted(script), max_lag=max_lag)
+        trees = []
+        orig = proposer.propose
+        proposer.propose = lambda *a, _o=orig, _t=trees, **k: _t.append(_o(*a, **k)) or _t[-1]
+        with torch.inference_mode():
+            engine = Engine(target, proposer, max_batch_size=1)
+            done = [c.token_ids for c in engine.generate(reqs)]  # one row: one request after the other
+        runs.append((done, [t.tokens for t in trees]))
+    assert runs[0][0] == runs[1][0]
+    assert len(runs[0][1]) == len(runs[1][1]) and all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+    assert sum(t.shape[1] > 1 for t in runs[1][1]) >= 5
 
 
 def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
