@@ -310,7 +310,12 @@ class EagleProposer:
         host = replace(d.host, max_position=max(d.host.lengths) + T - 1)
         o = self.head(self.head.fuse(f), toks, d.prefix[:, None] + j[None, :], self.cache, rows=rows, host=host)
         self.cache.advance(rows, k + 1)
-        self.last_h[rows] = o.gather(1, k[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+        last = o.gather(1, k[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]  # [B, H]
+        r0 = d.host.rows[0]
+        if d.host.rows == tuple(range(r0, r0 + B)):
+            self.last_h[r0:r0 + B] = last
+        else:
+            self.last_h[rows] = last
 
     # ------------------------------------------------------------------------------------ paused steps
 

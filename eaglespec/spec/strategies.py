@@ -220,6 +220,15 @@ class StaticTree(TreeStrategy):
         return tree, node_slot
 
 
+@functools.lru_cache(maxsize=64)
+def _chain_layout(n: int, batch: int, device: str) -> tuple[Tensor, Tensor, Tensor]:
+    """parents, depth (int64) and valid (bool) [batch, n] of chains of n nodes: the same every step, so built
+    once (trees are never written in place)."""
+    parents = torch.arange(-1, n - 1, device=device).expand(batch, n).contiguous()
+    return parents, torch.arange(n, device=device).expand(batch, n).contiguous(), \
+        torch.ones(batch, n, dtype=torch.bool, device=device)
+
+
 @dataclass(frozen=True, init=False)
 class Chain(StaticTree):
     """`depth` draft tokens in a row (top-1 at every step): the static tree of the one path [[0], [0, 0], ...]."""
@@ -263,9 +272,8 @@ class Chain(StaticTree):
         draft_q = None
         if qs[0] is not None:  # the leaf's children were never drawn: zeros, as the general assembly leaves them
             draft_q = torch.cat([*qs, qs[0].new_zeros(B, 1, qs[0].shape[-1])], dim=1)  # [B, N, V]
-        idx = self.shape._indices(device)
-        tree = DraftTree(tokens=torch.cat(tokens, dim=1), parents=idx["parents"].expand(B, N).clone(),
-                         depth=idx["depths"].expand(B, N).clone(), valid=torch.ones(B, N, dtype=torch.bool, device=device),
+        parents, depth, valid = _chain_layout(N, B, str(device))
+        tree = DraftTree(tokens=torch.cat(tokens, dim=1), parents=parents, depth=depth, valid=valid,
                          draft_logp=torch.cat(logp, dim=1), draft_q=draft_q, max_depth=self.depth, chain=True)
         if not drafted:  # a chain of 1: nothing drafted into the draft cache
             return tree, None
