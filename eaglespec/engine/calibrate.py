@@ -48,6 +48,8 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # forward never priced above the median plain engine step (``cap_by_plain_steps``)
 # 12: overhead and drafting measured again with sampling requests (T=1: children drawn at the request's temperature)
 # 13: a tree's step priced by its ratio to plain steps timed right after it (on the same prompt)
+# 14: nothing measured differently; chains (verification, drafting, commit) and paused steps (their record) cost
+# less in the engine, so tables of version 13 price them too high
 CALIBRATION_VERSION = 14
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
