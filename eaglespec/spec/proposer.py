@@ -331,7 +331,7 @@ class EagleProposer:
 
         A contiguous batch whose rows lag alike (every batch of 1) keeps the step's feature and bonus tensors as
         they are, in a run written to the buffer in one copy when something reads it (``_flush_lag_run``): no
-        tensor op at all per paused step (the record ~49 -> ~10 us in the engine, 2-core Xeon). Other batches
+        tensor op at all per paused step (the record ~49 -> ~12 us in the engine, 2-core Xeon). Other batches
         write their slots now."""
         host, lag = self._host, self._lag_host
         if host is not None and lag is not None and host.rows:
