@@ -52,6 +52,15 @@ LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest on
 # batch 1 on a 2-core Xeon, where each step of a probe that drafts costs 1.4-1.6 plain steps (~10 ms each)
 
 
+def _row_block(host: HostRows | None) -> slice | None:
+    """The rows of ``host`` as a slice of the per-row buffers when they are contiguous (reads and writes through
+    views instead of gathers and index writes), else None (no host rows, or scattered ones)."""
+    if host is None or not host.rows:
+        return None
+    r0 = host.rows[0]
+    return slice(r0, r0 + len(host.rows)) if host.rows == tuple(range(r0, r0 + len(host.rows))) else None
+
+
 @dataclass
 class _Drafted:
     """Bookkeeping of one propose() call, used by commit()."""
@@ -159,16 +168,13 @@ class EagleProposer:
         self.cache.reset(rows)
         self._lag_n[rows] = 0
         self._prompt_n[rows] = 0
-        if self._lag_host is not None:
-            for r in rows.tolist():
+        for r in rows.tolist():
+            if self._lag_host is not None:
                 self._lag_host.pop(r, None)
-        for r in rows.tolist():
             self._prompts.pop(r, None)
-        for r in rows.tolist():
             self._generators.pop(r, None)
             self._row_temperature.pop(r, None)
-        if hasattr(self.dispatcher, "end_row"):
-            for r in rows.tolist():
+            if hasattr(self.dispatcher, "end_row"):
                 self.dispatcher.end_row(r)
 
     def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor,
@@ -291,16 +297,13 @@ class EagleProposer:
         toks = next_tok.gather(1, idx)  # [B, T]
         positions = d.prefix[:, None] + idx  # pair j sits at the position of its feature, P + j
         host = replace(d.host, max_position=max(d.host.lengths) + D1 - 1) if stable else None
-        o = self.head(self.head.fuse(f), toks, positions, self.cache, rows=rows, host=host)  # [B, T, H]
-        self.cache.advance(rows, n_new)
-        self.last_h[rows] = o.gather(1, (n_new - 1)[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]
+        self._append_pairs(rows, f, toks, positions, n_new, host)
 
     def _commit_chain(self, rows: Tensor, tree: DraftTree, verdict, out, host_k: list[int]) -> None:
         """``commit`` re-encoding every new pair of chains (the "stable" alignment, or nothing drafted to keep):
         the accepted path is nodes 0..k, so pair j is (f_j, token of node j + 1) for j < k and (f_k, bonus),
         read with slices instead of the general path's gathers; the same pairs at the same positions."""
         d = self._drafted
-        B, N = tree.tokens.shape
         T = max(host_k) + 1  # pairs of the longest row; shorter rows' extra pairs are padding, never committed
         k = verdict.n_accepted  # [B]
         j = torch.arange(T, device=rows.device)  # [T]
@@ -308,12 +311,19 @@ class EagleProposer:
         toks = torch.where(j[None, :] == k[:, None], verdict.bonus[:, None], next_tok)  # [B, T]
         f = self.head.target_feature(out)[:, :T].to(self.head.dtype)  # [B, T, F]
         host = replace(d.host, max_position=max(d.host.lengths) + T - 1)
-        o = self.head(self.head.fuse(f), toks, d.prefix[:, None] + j[None, :], self.cache, rows=rows, host=host)
-        self.cache.advance(rows, k + 1)
-        last = o.gather(1, k[:, None, None].expand(B, 1, o.shape[-1]))[:, 0]  # [B, H]
-        r0 = d.host.rows[0]
-        if d.host.rows == tuple(range(r0, r0 + B)):
-            self.last_h[r0:r0 + B] = last
+        self._append_pairs(rows, f, toks, d.prefix[:, None] + j[None, :], k + 1, host)
+
+    def _append_pairs(self, rows: Tensor, f: Tensor, toks: Tensor, positions: Tensor, n_new: Tensor,
+                      host: HostRows | None) -> None:
+        """Both commits' end: encode the pairs (target features f [B, T, F], next tokens toks [B, T] at
+        positions [B, T]) into the draft cache, commit the first n_new [B] >= 1 of each row and make the last
+        committed one's output the row's last_h."""
+        o = self.head(self.head.fuse(f), toks, positions, self.cache, rows=rows, host=host)  # [B, T, H]
+        self.cache.advance(rows, n_new)
+        last = o.gather(1, (n_new - 1)[:, None, None].expand(-1, 1, o.shape[-1]))[:, 0]  # [B, H]
+        block = _row_block(self._drafted.host)
+        if block is not None:
+            self.last_h[block] = last
         else:
             self.last_h[rows] = last
 
@@ -336,8 +346,7 @@ class EagleProposer:
         host, lag = self._host, self._lag_host
         if host is not None and lag is not None and host.rows:
             slots = [lag.get(r, 0) for r in host.rows]  # each < max_lag: propose() caught up at the bound
-            r0, B = host.rows[0], len(host.rows)
-            if slots.count(slots[0]) == B and host.rows == tuple(range(r0, r0 + B)):
+            if slots.count(slots[0]) == len(slots) and _row_block(host) is not None:
                 run = self._lag_run
                 if run and (self._lag_run_rows != host.rows or self._lag_run_start + len(run) != slots[0]):
                     self._flush_lag_run()
@@ -472,9 +481,9 @@ class EagleProposer:
     # ---------------------------------------------------------------------- drafting (strategies.Drafter)
 
     def root_features(self) -> Tensor:
-        host = self._host
-        if host is not None and host.rows and host.rows == tuple(range(host.rows[0], host.rows[0] + len(host.rows))):
-            return self.last_h[host.rows[0]: host.rows[0] + len(host.rows), None]  # [B, 1, H]: a view, no gather
+        block = _row_block(self._host)
+        if block is not None:
+            return self.last_h[block, None]  # [B, 1, H]: a view, no gather
         return self.last_h[self._rows][:, None]  # [B, 1, H]
 
     def children(self, o: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -6,6 +6,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "xeon-2026-11-27-s1
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "xeon-2026-11-27-s15" / "scripts"))  # timers.py
 from common import mt_bench_requests
 from timers import acc, cnt, wrap
+from steps import time_decode_forwards
 from eaglespec.runtime.loading import load_target
 from eaglespec.engine.generate import Engine
 from eaglespec.spec.speculative import DraftOptions, build_proposer
@@ -23,12 +24,7 @@ if p is not None:
             t0 = time.perf_counter(); r = _f(*a, **k); acc["cfg.draft"] += time.perf_counter() - t0; cnt["cfg.draft"] += 1
             return r
         object.__setattr__(c, "draft", timed_draft)
-_f = t.model.forward
-def fw(tokens, *a, **k):
-    t0 = time.perf_counter(); r = _f(tokens, *a, **k); dt = time.perf_counter() - t0
-    if not k.get("prefill"): acc["target.fwd"] += dt; cnt["target.fwd"] += 1
-    return r
-t.model.forward = fw
+time_decode_forwards(t.model)
 e = Engine(t, p, max_batch_size=1)
 wrap(e, "_verify", "verify"); wrap(e, "_step", "step"); wrap(e, "_commit_tokens", "commit_tokens")
 

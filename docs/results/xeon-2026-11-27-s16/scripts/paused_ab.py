@@ -4,7 +4,6 @@
 import sys, time, collections, torch
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "xeon-2026-11-27-s12" / "scripts"))  # common.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "xeon-2026-11-27-s15" / "scripts"))  # timers.py
 from common import mt_bench_requests
 from eaglespec.runtime.loading import load_target
 from eaglespec.engine.generate import Engine

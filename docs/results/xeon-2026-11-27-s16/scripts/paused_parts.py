@@ -6,6 +6,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "xeon-2026-11-27-s1
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "xeon-2026-11-27-s15" / "scripts"))  # timers.py
 from common import mt_bench_requests
 from timers import acc, cnt, wrap
+from steps import time_decode_forwards
 from eaglespec.runtime.loading import load_target
 from eaglespec.engine.generate import Engine
 from eaglespec.engine.calibrate import build_calibrated_proposer
@@ -19,12 +20,7 @@ wrap(p.dispatcher, "pick", "pick"); wrap(p.dispatcher, "observe", "observe")
 import eaglespec.spec.tree as TR; wrap(TR.DraftTree, "root_only", "root_only")
 e = Engine(t, p, max_batch_size=1)
 wrap(e, "_step", "step"); wrap(e, "_verify", "verify")
-_f = t.model.forward
-def fw(tokens, *a, **k):
-    t0 = time.perf_counter(); r = _f(tokens, *a, **k); dt = time.perf_counter() - t0
-    if not k.get("prefill"): acc["target.fwd"] += dt; cnt["target.fwd"] += 1
-    return r
-t.model.forward = fw
+time_decode_forwards(t.model)
 with torch.inference_mode():
     e.generate(reqs[:1]); acc.clear(); cnt.clear()
     for r in reqs: e.generate([r])
