@@ -88,36 +88,54 @@ def test_alignment_schemes_keep_greedy_identity(tiny, vanilla, alignment, tree):
     assert [c.token_ids for c in got] == expected
 
 
+@pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("depth,alignment", [(1, "stable"), (1, "last"), (3, "stable")])
-def test_chain_commits_leave_the_draft_state_of_the_general_commit(tiny, vanilla, depth, alignment, monkeypatch):
-    """Chains re-encode their accepted pairs by slicing (``_commit_chain``); the general commit gathers them by
-    node. Both must draft the same trees afterwards, step for step, at batch 1 and with rows of unequal
-    acceptance side by side."""
-    reqs, _ = vanilla
+def test_chain_commits_leave_the_draft_state_of_the_general_commit(tiny, vanilla, depth, alignment, batch,
+                                                                   monkeypatch):
+    """Chains re-encode their accepted pairs by slicing (``_commit_chain``; at batch 1 every row accepts alike,
+    so its pairs are one slice and their last output a view); the general commit gathers them by node. Both
+    must draft the same trees afterwards, step for step, at batch 1 and with rows of unequal acceptance side by
+    side."""
+    reqs, expected = vanilla
+    current = {}  # batch 1: the request being decoded (its prompt length and vanilla output)
 
     def drafted(general):
         proposer = EagleProposer(make_head(tiny, "eagle3"), Chain(depth), alignment=alignment)
-        taken = []
+        taken, uniform = [], []
         if general:
             monkeypatch.setattr(proposer, "_commit_chain", proposer._commit_tree)
         else:
-            chain_commit = proposer._commit_chain
+            chain_commit, append = proposer._commit_chain, proposer._append_pairs
             monkeypatch.setattr(proposer, "_commit_chain", lambda *a: (taken.append(1), chain_commit(*a)))
+            monkeypatch.setattr(proposer, "_append_pairs",
+                                lambda *a, **k: (uniform.append(k.get("uniform")), append(*a, **k)))
         propose, trees = proposer.propose, []
 
         def recorded(*args, **kwargs):
             tree = propose(*args, **kwargs)
             trees.append(tree.tokens.tolist())
+            if batch == 1:  # the random head is never right: the first len(trees) % (depth + 1) nodes made right
+                n, want = kwargs["host"].lengths[0] - current["prompt"], current["output"]
+                for i in range(1, min(len(trees) % (depth + 1), len(want) - n - 1) + 1):
+                    tree.tokens[0, i] = want[n + i]
             return tree
 
         monkeypatch.setattr(proposer, "propose", recorded)
         with torch.inference_mode():
-            Engine(tiny, proposer, max_batch_size=3).generate(reqs)
-        return trees, len(taken)
+            engine = Engine(tiny, proposer, max_batch_size=batch)
+            if batch == 1:
+                for r, want in zip(reqs, expected):
+                    current.update(prompt=len(r.prompt_ids), output=want)
+                    assert engine.generate([r])[0].token_ids == want
+            else:
+                engine.generate(reqs)
+        return trees, len(taken), uniform
 
-    got, chain_calls = drafted(general=False)
-    want, _ = drafted(general=True)
+    got, chain_calls, uniform = drafted(general=False)
+    want, _, _ = drafted(general=True)
     assert chain_calls > 0 and got == want
+    if batch == 1 and alignment == "stable":  # the one-slice path ran, with more than one accepted length
+        assert None not in uniform and len(set(uniform)) > 1, sorted(set(uniform))
 
 
 def test_dispatcher_changes_tree_with_batch(tiny, vanilla):

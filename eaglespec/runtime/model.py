@@ -308,12 +308,17 @@ class Rotary(nn.Module):
         """
         if max_position is None:
             max_position = int(positions.max()) if positions.numel() else 0
-        positions = positions.to(self.cos.device)
-        if max_position < self.cos.shape[0]:
-            cos, sin = self.cos[positions], self.sin_signed[positions]  # [B, T, D]
+        b = self._buffers  # read directly: every forward asks (the target's and each draft step's)
+        table_cos, table_sin = b["cos"], b["sin_signed"]
+        if positions.device != table_cos.device:
+            positions = positions.to(table_cos.device)
+        if max_position < table_cos.shape[0]:
+            cos, sin = table_cos[positions], table_sin[positions]  # [B, T, D]
         else:
-            cos, sin = self._tables(positions, self.inv_freq)
-        return cos.to(dtype)[:, :, None], sin.to(dtype)[:, :, None]
+            cos, sin = self._tables(positions, b["inv_freq"])
+        if cos.dtype != dtype:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return cos.unsqueeze(2), sin.unsqueeze(2)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
@@ -380,7 +385,7 @@ def plan_attention(
     if width < n_new:
         raise ValueError(f"block_mask covers {width} block slots but there are {n_new} new tokens")
     offset = width - n_new  # block slots before the new tokens
-    start = cache.lengths[idx]  # [B] committed prefix per entry
+    start = None  # [B] committed prefix per entry, read from the cache only where needed
     if host is not None:
         if len(host.rows) != batch or len(host.lengths) != batch:
             raise ValueError(f"host rows describe {len(host.rows)} rows and {len(host.lengths)} lengths, "
@@ -389,6 +394,7 @@ def plan_attention(
         first, contiguous = host.rows[0], all(b - a == 1 for a, b in zip(host.rows, host.rows[1:]))
         max_position = host.max_position if positions is not None else None
     else:
+        start = cache.lengths[idx]  # [B] committed prefix per entry
         stats = [start.max(), start.min()]
         if rows is not None:
             stats += [idx[0], (idx.diff() == 1).all() if batch > 1
@@ -405,7 +411,12 @@ def plan_attention(
     row_slice = slice(0, batch) if rows is None else (slice(first, first + batch) if contiguous else None)
     uniform = max_start == min_start
     dev = cache.device
-    write_slots = start[:, None] + offset + torch.arange(n_new, device=dev)  # [B, T]
+    if uniform:  # every row starts at max_start (known on the host): no read of the lengths
+        write_slots = torch.arange(max_start + offset, max_start + offset + n_new,
+                                   device=dev).expand(batch, n_new).contiguous()  # [B, T]
+    else:
+        start = cache.lengths[idx] if start is None else start
+        write_slots = start[:, None] + offset + torch.arange(n_new, device=dev)  # [B, T]
 
     mask, is_causal = None, False
     if uniform and offset == 0 and (n_new == 1 or block_mask is None):
@@ -413,11 +424,10 @@ def plan_attention(
             pass  # a single new token per row sees the whole prefix and itself: no mask
         elif max_start == 0:
             is_causal = True
-        else:
-            q = torch.arange(n_new, device=dev)[:, None]  # [T, 1]
-            s = torch.arange(n_slots, device=dev)[None, :]  # [1, S]
-            mask = (s <= q + max_start)[None, None]  # [1, 1, T, S]
+        else:  # query t sees slots s <= t + max_start: the prefix, then causal within the block
+            mask = torch.ones(n_new, n_slots, dtype=torch.bool, device=dev).tril_(max_start)[None, None]  # [1, 1, T, S]
     else:
+        start = cache.lengths[idx] if start is None else start
         rel = torch.arange(n_slots, device=dev)[None, :] - start[:, None]  # [B, S] slot offset from the block
         in_block = (rel >= 0) & (rel < width)  # [B, S]
         j = rel.clamp(0, width - 1)[:, None, :]  # [B, 1, S] block column of each slot
