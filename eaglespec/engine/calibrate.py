@@ -50,7 +50,8 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # 13: a tree's step priced by its ratio to plain steps timed right after it (on the same prompt)
 # 14: nothing measured differently; chains (verification, drafting, commit) and paused steps (their record) cost
 # less in the engine, so tables of version 13 price them too high
-CALIBRATION_VERSION = 14
+# 15: the same again (a batch-1 chain's commit and every forward's attention plan and rotary lookup are cheaper)
+CALIBRATION_VERSION = 15
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
