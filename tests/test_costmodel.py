@@ -83,6 +83,27 @@ def test_calibration_measures_a_stalled_point_again(monkeypatch):
     assert verify[(1, 1)] < 5.0
 
 
+def test_calibration_measures_again_a_point_read_slightly_above_a_larger_forward(monkeypatch):
+    """A stall that reads verify(1, 2) at 1.1x verify(1, 4) (under ``stalled``'s 1.2 for a table) is measured
+    again, not kept capped at verify(1, 4) (which priced the chain of 1 too high and paused a run on the Xeon)."""
+    from eaglespec.engine import calibrate as cal
+    from helpers import tiny_target
+
+    target, _ = tiny_target("llama")
+    calls = []
+
+    readings = [1.0, 4.4, 4.0, 2.0]  # ms: verify(1, 1), (1, 2) stalled, (1, 4), then (1, 2) again
+
+    def timed(fn, warmup=1, reps=2):
+        calls.append(fn)
+        return readings[len(calls) - 1] * 1e-3
+
+    monkeypatch.setattr(cal, "_time", timed)
+    verify = cal.measure_verify(target.model, batches=(1,), tokens=(1, 2, 4), prefix=16)
+    assert len(calls) == 4 and calls[3] is calls[1]
+    assert verify == {(1, 1): 1e-3, (1, 2): 2e-3, (1, 4): 4e-3}
+
+
 def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
     """calibrate(): a 1-token forward that read slower than the median plain engine step holding it (as the
     compiled one did: 5.65 ms against ~4.9) is priced at the step, with no overhead on top; consistent

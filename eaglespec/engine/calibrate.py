@@ -116,7 +116,11 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
                    prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
     """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
     cached tokens (the minimum of 2-7 timed runs after a warm-up, ``_time``). Points that cost more than a
-    larger forward (``CostTable.stalled``: the machine stalled) are measured again, up to ``retries`` rounds."""
+    larger forward at all (``CostTable.stalled`` with factor 1: the machine stalled) are measured again, up to
+    ``retries`` rounds. (Until calibration version 15 only those 1.2x above it were: on the 2-core Xeon a stall
+    read verify(1, 2) between 1.0 and 1.2x verify(1, 4), 5.07 ms where a quiet reading is ~4.2, so it was kept
+    capped at 5.07, the chain of 1 looked 0.8 ms a step dearer than it is, and `--tree auto` paused a whole run
+    where the chain of 1 ran 1.04x.)"""
     batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
     out: dict[tuple[int, int], float] = {}
     forwards = {}  # (b, n) -> the forward to time
@@ -138,7 +142,7 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
             forwards[(b, n)] = forward
             out[(b, n)] = _time(forwards[(b, n)])
     for _ in range(retries):
-        stalled = CostTable(out, {}).stalled()
+        stalled = CostTable(out, {}).stalled(factor=1.0)
         if not stalled:
             break
         log.info("calibration: measuring %d stalled point(s) again: %s", len(stalled), stalled)
