@@ -622,35 +622,43 @@ def test_dispatcher_keeps_drafting_a_head_that_pays_near_break_even():
 
 
 def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypatch):
-    """A tree's priced step is at least its measured ratio to plain steps timed next to it, times the priced
-    plain step (the tree's own verification and commit work count), never less than its measured drafting,
-    and a machine that slows down while the trees are timed leaves that price alone; a plain step's
-    overhead is its median engine step less the forward, robust to one slow step."""
+    """A tree's price is at least its median step less its target forward, beyond a plain step's, timed side by
+    side, plus what its forward costs beyond the plain one's over the priced difference (the tree's own
+    verification and commit work, and a forward dearer in the engine than alone, count); never less than its
+    measured drafting; a stall of the forwards in one of the three readings leaves the price alone; a plain
+    step's overhead is its median engine step less the forward, robust to one slow step."""
     from types import SimpleNamespace
 
     from eaglespec.engine import calibrate as cal
 
-    machine = {"slow": 1.0, "tree": 0.030}
+    machine = {"tree_nf": 0.005, "tree_fw": 0.0115, "stalled_run": None}
+    tree_runs = []
 
-    def steps(target, proposer, batch, n, prompt, temperature=0.0):  # a tree's step, 12 ms plain, one stall
+    def steps(target, proposer, batch, n, prompt, temperature=0.0, forwards=None):  # 9 steps and one stall
         stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))  # drafting 1 ms a step
-        step = machine["tree"] if proposer is not None else 0.012
-        return [step * machine["slow"]] * 9 + [0.5], stats
+        tree = proposer is not None
+        tree_runs.extend([1] if tree else [])
+        slow = 1.5 if tree and machine["stalled_run"] == len(tree_runs) else 1.0  # the forwards stall
+        fw, nf = (machine["tree_fw"] * slow, machine["tree_nf"]) if tree else (0.010, 0.002)
+        if forwards is not None:
+            forwards.extend([fw] * 9 + [0.49])
+        return [fw + nf] * 9 + [0.49 + nf], stats
 
     monkeypatch.setattr(cal, "_step_times", steps)
     target = SimpleNamespace(model=SimpleNamespace(device=None))
-    verify = {(b, n): 0.010 + 0.002 * n for b in (1, 2) for n in (1, 2, 4)}
+    verify = {(b, n): 0.010 + 0.001 * (n - 1) for b in (1, 2) for n in (1, 2, 4)}
     overhead = cal.measure_overhead(target, verify, batches=(1, 2))
-    assert overhead == pytest.approx({1: 0.0, 2: 0.0})  # 12 ms a step = the 12 ms forward
-    costs = CostTable(verify, {}, overhead={1: 0.002, 2: 0.002})
+    assert overhead == pytest.approx({1: 0.002, 2: 0.002})  # 12 ms a step, the forward 10
+    costs = CostTable(verify, {}, overhead=overhead)
     trees = {"chain1": Chain(1)}
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2))[(1, "chain1")] == pytest.approx(0.001)
     with_steps = cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)
-    # 30 / 12 = 2.5 plain steps, the plain step priced 14 ms: 35 ms, less verify(1, 2) + overhead (16 ms)
-    assert with_steps[(1, "chain1")] == pytest.approx(2.5 * 0.014 - 0.016)
-    machine["slow"] = 1.3  # the machine slowed down after the forwards were timed: the same price
+    # 5 ms beyond its forward where a plain step spends 2; its forward 1.5 ms dearer where 1 is priced
+    assert with_steps[(1, "chain1")] == pytest.approx(0.005 - 0.002 + 0.0015 - 0.001)
+    tree_runs.clear()
+    machine["stalled_run"] = 3  # the first reading's long run at batch 1 (after the warm-up and the short run)
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs) == pytest.approx(with_steps)
-    machine["tree"] = 0.012  # a tree step as fast as a plain one: its measured drafting is the floor
+    machine.update(tree_nf=0.002, tree_fw=0.010, stalled_run=None)  # as cheap as a plain step: drafting's floor
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)[(1, "chain1")] == pytest.approx(0.001)
 
 
@@ -698,7 +706,7 @@ def test_a_longer_chain_is_never_calibrated_cheaper_than_a_shorter_one(monkeypat
 
     per_step = {1: 0.003, 2: 0.0025, 3: 0.004}  # seconds of drafting a step: the chain of 2 read low
 
-    def steps(target, proposer, batch, n, prompt, temperature=0.0):
+    def steps(target, proposer, batch, n, prompt, temperature=0.0, forwards=None):
         stats = SimpleNamespace(target_forwards=n - 1, draft_s=per_step[proposer.depth] * (n - 1))
         return [0.01] * n, stats
 
@@ -775,7 +783,7 @@ def test_a_burst_of_load_during_one_reading_does_not_set_a_trees_cost(monkeypatc
 
     order = []
 
-    def steps(target, proposer, batch, n, prompt, temperature=0.0):
+    def steps(target, proposer, batch, n, prompt, temperature=0.0, forwards=None):
         if n == cal.LONG_STEPS:
             order.append(proposer.label)
         burst = 5.0 if order.count("chain1") == 1 and proposer.label == "chain1" else 1.0  # chain1's 1st reading

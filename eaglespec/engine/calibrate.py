@@ -50,7 +50,9 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # 13: a tree's step priced by its ratio to plain steps timed right after it (on the same prompt)
 # 14: nothing measured differently; chains (verification, drafting, commit) and paused steps (their record) cost
 # less in the engine, so tables of version 13 price them too high
-# 15: the same again (a batch-1 chain's commit and every forward's attention plan and rotary lookup are cheaper)
+# 15: the same again (a batch-1 chain's commit and every forward's attention plan and rotary lookup are cheaper);
+# a verify point above a larger forward's at all measured again; a tree's step floor from the steps less their
+# target forwards (the ratio of whole steps read the forwards' stalls as drafting)
 CALIBRATION_VERSION = 15
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
@@ -159,10 +161,12 @@ SHORT_STEPS, LONG_STEPS = 4, 20
 
 
 def _step_times(target, proposer, batch: int, steps: int, prompt: list[int],
-                temperature: float = 0.0) -> tuple[list[float], object]:
+                temperature: float = 0.0, forwards: list[float] | None = None) -> tuple[list[float], object]:
     """(wall seconds of each decode step of one engine run of ``steps`` new tokens per row, the first
     request's stats): the prefill and the first two steps left out (they pay the run's one-off costs).
-    ``temperature`` > 0: the requests sample (seeded), and so do their drafts under the default rule."""
+    ``temperature`` > 0: the requests sample (seeded), and so do their drafts under the default rule.
+    ``forwards``: a list that gets the seconds of each of those steps' target forward (the engine runs one a
+    step), in the same order."""
     from eaglespec.config import GenerationConfig, SamplingParams
     from eaglespec.engine.generate import Engine, Request
 
@@ -170,14 +174,40 @@ def _step_times(target, proposer, batch: int, steps: int, prompt: list[int],
     reqs = [Request(prompt, GenerationConfig(steps, SamplingParams(temperature=temperature, seed=i), ignore_eos=True))
             for i in range(batch)]
     done: list = []
+    model, timed = target.model, []
+    if forwards is not None:  # the instance attribute shadows the class's forward for this run only
+        def forward(*args, _inner=model.forward, **kwargs):
+            t = time.perf_counter()
+            out = _inner(*args, **kwargs)
+            synchronize(model.device)
+            timed.append(time.perf_counter() - t)
+            return out
+
+        shadowed = model.__dict__.get("forward")
+        model.forward = forward
     times, last = [], time.perf_counter()
-    for _ in engine.stream(reqs, on_finish=done.append):
-        synchronize(target.model.device)
-        now = time.perf_counter()
-        times.append(now - last)
-        last = now
+    try:
+        for _ in engine.stream(reqs, on_finish=done.append):
+            synchronize(model.device)
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+    finally:
+        if forwards is not None:
+            if shadowed is None:
+                del model.forward
+            else:
+                model.forward = shadowed
+    if forwards is not None:
+        if len(timed) != len(times):
+            raise RuntimeError(f"calibration: {len(timed)} target forwards in {len(times)} engine steps")
+        forwards.extend(timed[3:])
     first = min(done, key=lambda c: c.index)
     return times[3:], first.stats
+
+
+def _lower_quartile(xs: Sequence[float]) -> float:
+    return sorted(xs)[(len(xs) - 1) // 4]
 
 
 def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key=lambda b: b) -> None:
@@ -195,16 +225,22 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     """Seconds per step that each candidate (label -> tree strategy) costs beyond its target forward and the
     engine's per-step overhead, at each batch size. The engine runs a short and a long decode with that tree on
     a fixed prompt (after a warm-up run): the extra draft seconds of the long run over its extra target
-    forwards are one step's drafting. With ``costs`` (the forwards and the overhead measured already) the
-    long run's steps are also timed one by one, next to a plain run of as many steps on the same prompt, and
-    the cost is at least what makes the tree's priced step ``verify_cost(b, nodes) + draft`` that ratio of
-    steps times the priced plain step ``verify_cost(b, 1)``: what a tree step does besides drafting
-    (verifying and compacting a tree, committing several tokens) is the tree's cost too. On a 2-core EPYC a
-    chain-of-1 step cost 1.39-1.40x a plain one in the benchmark's records while drafting + forwards + overhead
-    summed to 1.27-1.32x. Until calibration version 13 the tree's median step less ``verify_cost(b, nodes)``
-    gave that floor: absolute times of runs minutes apart from the forwards', which on a drifting VM priced the
-    chain of 1's step at 1.19-1.26 plain steps where the benchmark's records showed ~1.33 (2-core Xeon,
-    2026-11-27).
+    forwards are one step's drafting. With ``costs`` (given when the forwards and the overhead are measured
+    already) the long run's steps and their target forwards are also timed one by one, next to a plain run of
+    as many steps on the same prompt, and the cost is at least the tree's median step less its forward, beyond
+    the plain step's median less its forward, plus what the tree's forward costs beyond the plain one's over
+    what ``costs`` prices (lower quartiles of the forwards): what a tree step does besides drafting (verifying
+    and compacting a tree, committing several tokens, a forward dearer in the engine than alone) is the tree's
+    cost too. On a 2-core EPYC a chain-of-1 step cost
+    1.39-1.40x a plain one in the benchmark's records while drafting + forwards + overhead summed to
+    1.27-1.32x. Until calibration version 13 the tree's median step less ``verify_cost(b, nodes)`` gave that
+    floor: absolute times of runs minutes apart from the forwards', which on a drifting VM priced the chain of
+    1's step at 1.19-1.26 plain steps where the benchmark's records showed ~1.33 (2-core Xeon, 2026-11-27).
+    Versions 13-15 took the ratio of the two runs' median steps times the priced plain step: but on that
+    shared VM the other tenants slow the memory-bound forwards for a tenth of a second or more at a time
+    (the drafting, compute-bound, kept its 0.7-0.8 ms), and a stall that covered the tree's run read the chain
+    of 1's drafting at 0.8-2.0 ms in six readings of one minute; the calibration that kept 1.33 paused
+    `--tree auto` in a run where the chain of 1 ran 1.07x. Without the forwards the steps read what they add.
 
     Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
     (a shared VM's steps slow from 9 to 14 ms for a second or two, then recover) spoils one reading of a tree,
@@ -221,17 +257,25 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                 if rep == 0 and b == measured[0]:  # warm-up, once per tree
                     _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt, temperature)
                 _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt, temperature)
-                times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
+                tree_fw: list[float] = []
+                times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature,
+                                          forwards=tree_fw if costs is not None else None)
                 forwards = long.target_forwards - short.target_forwards
                 cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
                     long.draft_s / max(long.target_forwards, 1)
-                if costs is not None and times:  # the median step sits mid-run: its context, roughly
-                    # plain steps of the same prompt right after the tree's: the step ratio of the two, taken side
-                    # by side, prices the tree against the calibrated plain step (see the docstring)
-                    plain, _ = _step_times(target, None, b, LONG_STEPS, prompt, temperature)
+                if costs is not None and times:
+                    # plain steps of the same prompt right after the tree's: what a tree step spends beyond its
+                    # target forward, less what a plain step does, taken side by side (see the docstring)
+                    plain_fw: list[float] = []
+                    plain, _ = _step_times(target, None, b, LONG_STEPS, prompt, temperature, forwards=plain_fw)
+                    beyond = statistics.median(t - f for t, f in zip(times, tree_fw)) - \
+                        statistics.median(t - f for t, f in zip(plain, plain_fw))
+                    # and what its forward costs in the engine beyond the priced one (lower quartiles: stalls
+                    # only add time): the chain of 1's read 0.52-0.79 ms above a plain step's on the 2-core Xeon
+                    # where the calibrated verify(1, 2) - verify(1, 1) is 0.46
                     context = len(prompt) + LONG_STEPS // 2
-                    ratio = statistics.median(times) / statistics.median(plain)
-                    cost = max(cost, ratio * costs.verify_cost(b, 1, context) - costs.verify_cost(b, tree.num_nodes, context))
+                    priced = costs.verify_cost(b, tree.num_nodes, context) - costs.verify_cost(b, 1, context)
+                    cost = max(cost, beyond + _lower_quartile(tree_fw) - _lower_quartile(plain_fw) - priced)
                 readings.setdefault((b, label), []).append(cost)
     out = {key: statistics.median(values) for key, values in readings.items()}
     for label in trees:
