@@ -206,10 +206,6 @@ def _step_times(target, proposer, batch: int, steps: int, prompt: list[int],
     return times[3:], first.stats
 
 
-def _lower_quartile(xs: Sequence[float]) -> float:
-    return sorted(xs)[(len(xs) - 1) // 4]
-
-
 def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key=lambda b: b) -> None:
     """Fill ``out[key(b)]`` for the batch sizes between the smallest and largest measured, linearly."""
     lo, hi = measured[0], measured[-1]
@@ -228,10 +224,8 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     forwards are one step's drafting. With ``costs`` (given when the forwards and the overhead are measured
     already) the long run's steps and their target forwards are also timed one by one, next to a plain run of
     as many steps on the same prompt, and the cost is at least the tree's median step less its forward, beyond
-    the plain step's median less its forward, plus what the tree's forward costs beyond the plain one's over
-    what ``costs`` prices (lower quartiles of the forwards): what a tree step does besides drafting (verifying
-    and compacting a tree, committing several tokens, a forward dearer in the engine than alone) is the tree's
-    cost too. On a 2-core EPYC a chain-of-1 step cost
+    the plain step's median less its forward: what a tree step does besides drafting (verifying and compacting
+    a tree, committing several tokens) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost
     1.39-1.40x a plain one in the benchmark's records while drafting + forwards + overhead summed to
     1.27-1.32x. Until calibration version 13 the tree's median step less ``verify_cost(b, nodes)`` gave that
     floor: absolute times of runs minutes apart from the forwards', which on a drifting VM priced the chain of
@@ -240,7 +234,10 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     shared VM the other tenants slow the memory-bound forwards for a tenth of a second or more at a time
     (the drafting, compute-bound, kept its 0.7-0.8 ms), and a stall that covered the tree's run read the chain
     of 1's drafting at 0.8-2.0 ms in six readings of one minute; the calibration that kept 1.33 paused
-    `--tree auto` in a run where the chain of 1 ran 1.07x. Without the forwards the steps read what they add.
+    `--tree auto` in a run where the chain of 1 ran 1.07x. Without the forwards the steps read what they add
+    (0.63-0.82 ms in fourteen readings, `docs/results/xeon-2026-11-27-s17/`). Its forward is priced by
+    ``costs`` alone: the engine's 2-token forwards read 0.5-2.0 ms above its 1-token ones in those runs (the
+    calibrated difference: 0.46), stalls again in the upper half.
 
     Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
     (a shared VM's steps slow from 9 to 14 ms for a second or two, then recover) spoils one reading of a tree,
@@ -270,12 +267,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                     plain, _ = _step_times(target, None, b, LONG_STEPS, prompt, temperature, forwards=plain_fw)
                     beyond = statistics.median(t - f for t, f in zip(times, tree_fw)) - \
                         statistics.median(t - f for t, f in zip(plain, plain_fw))
-                    # and what its forward costs in the engine beyond the priced one (lower quartiles: stalls
-                    # only add time): the chain of 1's read 0.52-0.79 ms above a plain step's on the 2-core Xeon
-                    # where the calibrated verify(1, 2) - verify(1, 1) is 0.46
-                    context = len(prompt) + LONG_STEPS // 2
-                    priced = costs.verify_cost(b, tree.num_nodes, context) - costs.verify_cost(b, 1, context)
-                    cost = max(cost, beyond + _lower_quartile(tree_fw) - _lower_quartile(plain_fw) - priced)
+                    cost = max(cost, beyond)
                 readings.setdefault((b, label), []).append(cost)
     out = {key: statistics.median(values) for key, values in readings.items()}
     for label in trees:
