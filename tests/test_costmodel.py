@@ -113,8 +113,11 @@ def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
     verify = {(1, 1): 0.00565, (1, 2): 0.0066, (2, 1): 0.008, (2, 2): 0.009}
     monkeypatch.setattr(cal, "measure_verify", lambda model, batches: dict(verify))
     monkeypatch.setattr(cal, "measure_context", lambda model, v, batches: {})
-    monkeypatch.setattr(cal, "measure_plain_steps", lambda target, batches, temperature=0.0: {
-        1: 0.0049 + (0.0004 if temperature else 0.0), 2: 0.0085 + (0.0006 if temperature else 0.0)})
+    def plain_steps(target, batches, temperature=0.0, beyond=None):  # the steps less their forwards
+        beyond.update({1: 0.0009, 2: 0.0009} if temperature else {1: 0.0007, 2: 0.0007})
+        return {1: 0.0049 + (0.0004 if temperature else 0.0), 2: 0.0085 + (0.0006 if temperature else 0.0)}
+
+    monkeypatch.setattr(cal, "measure_plain_steps", plain_steps)
     monkeypatch.setattr(cal, "measure_draft", lambda *a, temperature=0.0, **k: {
         (1, "chain1"): 0.0015 if temperature else 0.001, (2, "chain1"): 0.001})
     monkeypatch.setattr(cal, "measure_paused", lambda *a, **k: {1: 0.0, 2: 0.0})
@@ -124,8 +127,9 @@ def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
     assert table.verify_cost(1, 1) == pytest.approx(0.0049)  # the plain step as measured, not 5.65 ms
     assert table.verify[(2, 1)] == pytest.approx(0.008) and table.overhead[2] == pytest.approx(0.0005)
     assert table.verify[(1, 2)] == pytest.approx(0.0066)  # larger forwards are not touched
-    # sampled requests: their plain step over the same (capped) forward, their own drafting
-    assert table.sampled_overhead == pytest.approx({1: 0.0004, 2: 0.0011})
+    # sampled requests: their plain step over the same (capped) forward, at most the steps less their own
+    # forwards (1.1 ms from the steps at batch 2, 0.9 beyond the forwards), their own drafting
+    assert table.sampled_overhead == pytest.approx({1: 0.0004, 2: 0.0009})
     sampled = table.for_sampled()
     assert sampled.verify_cost(1, 1) == pytest.approx(0.0053) and sampled.draft_cost(1, "chain1") == 0.0015
     assert table.verify_cost(1, 1) == pytest.approx(0.0049) and table.draft_cost(1, "chain1") == 0.001
@@ -630,7 +634,7 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
 
     from eaglespec.engine import calibrate as cal
 
-    machine = {"tree_nf": 0.005, "tree_fw": 0.0115, "stalled_run": None}
+    machine = {"tree_nf": 0.005, "tree_fw": 0.0115, "stalled_run": None, "plain_fw": 0.010}
     tree_runs = []
 
     def steps(target, proposer, batch, n, prompt, temperature=0.0, forwards=None):  # 9 steps and one stall
@@ -638,7 +642,7 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
         tree = proposer is not None
         tree_runs.extend([1] if tree else [])
         slow = 1.5 if tree and machine["stalled_run"] == len(tree_runs) else 1.0  # the forwards stall
-        fw, nf = (machine["tree_fw"] * slow, machine["tree_nf"]) if tree else (0.010, 0.002)
+        fw, nf = (machine["tree_fw"] * slow, machine["tree_nf"]) if tree else (machine["plain_fw"], 0.002)
         if forwards is not None:
             forwards.extend([fw] * 9 + [0.49])
         return [fw + nf] * 9 + [0.49 + nf], stats
@@ -648,6 +652,9 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
     verify = {(b, n): 0.010 + 0.001 * (n - 1) for b in (1, 2) for n in (1, 2, 4)}
     overhead = cal.measure_overhead(target, verify, batches=(1, 2))
     assert overhead == pytest.approx({1: 0.002, 2: 0.002})  # 12 ms a step, the forward 10
+    machine["plain_fw"] = 0.013  # the steps' forwards stall: the steps less verify(b, 1) would read 5 ms
+    assert cal.measure_overhead(target, verify, batches=(1, 2)) == pytest.approx(overhead)
+    machine["plain_fw"] = 0.010
     costs = CostTable(verify, {}, overhead=overhead)
     trees = {"chain1": Chain(1)}
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2))[(1, "chain1")] == pytest.approx(0.001)

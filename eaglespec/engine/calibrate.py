@@ -52,7 +52,8 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # less in the engine, so tables of version 13 price them too high
 # 15: the same again (a batch-1 chain's commit and every forward's attention plan and rotary lookup are cheaper);
 # a verify point above a larger forward's at all measured again; a tree's step floor from the steps less their
-# target forwards (the ratio of whole steps read the forwards' stalls as drafting)
+# target forwards (the ratio of whole steps read the forwards' stalls as drafting); the overhead at most the plain
+# steps less their own forwards
 CALIBRATION_VERSION = 15
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
@@ -235,7 +236,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     (the drafting, compute-bound, kept its 0.7-0.8 ms), and a stall that covered the tree's run read the chain
     of 1's drafting at 0.8-2.0 ms in six readings of one minute; the calibration that kept 1.33 paused
     `--tree auto` in a run where the chain of 1 ran 1.07x. Without the forwards the steps read what they add
-    (0.63-0.82 ms in fourteen readings, `docs/results/xeon-2026-11-27-s17/`). Its forward is priced by
+    (0.63-0.82 ms in twenty readings, `docs/results/xeon-2026-11-27-s17/`). Its forward is priced by
     ``costs`` alone: the engine's 2-token forwards read 0.5-2.0 ms above its 1-token ones in those runs (the
     calibrated difference: 0.46), stalls again in the upper half.
 
@@ -293,9 +294,16 @@ def _chains_cost_at_least_shorter_chains(draft: dict[tuple[int, str], float], ca
 
 @torch.inference_mode()
 def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: Sequence[int] | None = None,
-                     reps: int = 3, steps: Mapping[int, float] | None = None) -> dict[int, float]:
+                     reps: int = 3, steps: Mapping[int, float] | None = None,
+                     beyond: Mapping[int, float] | None = None) -> dict[int, float]:
     """The engine's per-step seconds beyond a 1-token target forward at each batch size: the median wall time
-    of a plain (no drafting) engine decode step (``steps``, else ``measure_plain_steps``), less verify(b, 1).
+    of a plain (no drafting) engine decode step (``steps``, else ``measure_plain_steps``), less verify(b, 1),
+    and at most the median plain step less its own forward (``beyond``, measured with the steps when they are
+    not given). The first alone counts the forwards' stalls: verify(b, 1) is the quickest of its readings, the
+    steps' forwards are not (since calibration version 15: a stalled calibration on the 2-core Xeon read 0.81 ms
+    at batch 1 where the engine spends ~0.30 beyond its forward, which priced every tree step closer to a plain
+    one than it is); the second alone would price a plain step above its measured wall time where verify(b, 1)
+    read high (``cap_by_plain_steps``).
 
     Until 2026-11-26 it came from whole-run wall times: first the difference of a short and a long run (two
     noisy numbers: 5 ms a step at batch 1 and 0.4 at batch 2 in one calibration), then a run's wall time
@@ -304,21 +312,35 @@ def measure_overhead(target, verify: Mapping[tuple[int, int], float], batches: S
     every step makes each tree's cost look closer to a plain step's than it is: with 5 ms the chain of 1
     looked like it paid from 1.26 tokens a step where it needed ~1.35."""
     batches = batches or BATCHES
-    steps = steps if steps is not None else measure_plain_steps(target, batches, reps)
-    return {b: max(0.0, steps[b] - verify[(b, 1)]) for b in batches}
+    if steps is None:
+        beyond = {}
+        steps = measure_plain_steps(target, batches, reps, beyond=beyond)
+    beyond = beyond or {}
+    return {b: max(0.0, min(steps[b] - verify[(b, 1)], beyond.get(b, float("inf")))) for b in batches}
 
 
 @torch.inference_mode()
 def measure_plain_steps(target, batches: Sequence[int] | None = None, reps: int = 3,
-                        temperature: float = 0.0) -> dict[int, float]:
+                        temperature: float = 0.0, beyond: dict[int, float] | None = None) -> dict[int, float]:
     """The median wall time of a plain (no drafting) engine decode step at each batch size, each step timed on
-    its own over ``reps`` runs after a warm-up run (of requests sampling at ``temperature``)."""
+    its own over ``reps`` runs after a warm-up run (of requests sampling at ``temperature``). ``beyond``: a dict
+    that gets each batch size's median step less its own target forward."""
     batches = batches or BATCHES
     prompt = list(range(5, 5 + PREFIX))
     _step_times(target, None, 1, SHORT_STEPS, prompt, temperature)  # warm-up
-    return {b: statistics.median([t for _ in range(reps)
-                                  for t in _step_times(target, None, b, LONG_STEPS, prompt, temperature)[0]])
-            for b in batches}
+    out = {}
+    for b in batches:
+        walls, own = [], []
+        for _ in range(reps):
+            forwards: list[float] = []
+            times, _ = _step_times(target, None, b, LONG_STEPS, prompt, temperature,
+                                   forwards=forwards if beyond is not None else None)
+            walls += times
+            own += [t - f for t, f in zip(times, forwards)]
+        out[b] = statistics.median(walls)
+        if beyond is not None:
+            beyond[b] = statistics.median(own)
+    return out
 
 
 def cap_by_plain_steps(verify: dict[tuple[int, int], float], steps: Mapping[int, float]) -> list[int]:
@@ -384,19 +406,21 @@ def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: 
     t0 = time.perf_counter()
     verify = measure_verify(target.model, batches)
     context = measure_context(target.model, verify, batches)
-    steps = measure_plain_steps(target, batches)
+    beyond: dict[int, float] = {}
+    steps = measure_plain_steps(target, batches, beyond=beyond)
     lowered = cap_by_plain_steps(verify, steps)
     if lowered:
         log.info("calibration: the 1-token forward read slower than a whole plain step at batch %s: priced at the "
                  "step", ", ".join(map(str, lowered)))
     envelope = CostTable(verify, {}).envelope
-    overhead = measure_overhead(target, envelope, batches, steps=steps)
+    overhead = measure_overhead(target, envelope, batches, steps=steps, beyond=beyond)
     draft = measure_draft(target, make_proposer, candidates, batches,
                           CostTable(verify, {}, overhead=overhead, context=context, prefix=PREFIX))
     paused = measure_paused(target, make_proposer, batches)
     # Requests that sample pay more per step, plain or not: their own overhead and drafting (SAMPLED_T).
-    sampled_overhead = measure_overhead(target, envelope, batches,
-                                        steps=measure_plain_steps(target, batches, temperature=SAMPLED_T))
+    sampled_beyond: dict[int, float] = {}
+    sampled_steps = measure_plain_steps(target, batches, temperature=SAMPLED_T, beyond=sampled_beyond)
+    sampled_overhead = measure_overhead(target, envelope, batches, steps=sampled_steps, beyond=sampled_beyond)
     sampled_draft = measure_draft(target, make_proposer, candidates, batches,
                                   CostTable(verify, {}, overhead=sampled_overhead, context=context, prefix=PREFIX),
                                   temperature=SAMPLED_T)
