@@ -182,6 +182,38 @@ def test_tracker_counts_the_first_miss_and_decays():
         AcceptanceTracker(decay=0.0)
 
 
+def test_paired_steps_step_a_drafting_and_a_plain_engine_in_turns(monkeypatch):
+    """Calibration's ``_paired_steps``: a drafting engine and a plain one decode the same requests, one step
+    each in turn while both have work, and each step is timed on its own (prefill and two steps left out)."""
+    import torch
+
+    from eaglespec.engine import calibrate as cal
+    from eaglespec.engine.generate import Engine
+    from eaglespec.spec.proposer import ReplayProposer
+    from helpers import tiny_target
+
+    target, _ = tiny_target("llama")
+    prompt = list(range(5, 21))
+    with torch.inference_mode():  # the continuation a replay drafter gets fully accepted (3 tokens a step)
+        from eaglespec.config import GenerationConfig
+        from eaglespec.engine.generate import Request
+        want = Engine(target).generate([Request(prompt, GenerationConfig(12, ignore_eos=True))])[0].token_ids
+    replay = ReplayProposer({tuple(prompt): want}, depth=2)
+    order, step = [], Engine.step
+
+    def logged(self, on_finish=None):
+        order.append(self.proposer is None)
+        return step(self, on_finish)
+
+    monkeypatch.setattr(Engine, "step", logged)
+    with torch.inference_mode():
+        tree, plain, stats = cal._paired_steps(target, replay, 2, 12, prompt)
+    # plain: a prefill and 11 one-token steps; drafting: a prefill and ceil(11 / 3) steps
+    assert len(plain) == 12 - 3 and len(tree) == 5 - 3 and stats.target_forwards == 4
+    assert order == [False, True] * 5 + [True] * 7  # in turns while both run, then the plain one alone
+    assert all(t > 0 for t in tree + plain)
+
+
 def test_calibration_is_cached_and_reused(tmp_path, monkeypatch):
     import torch
 
@@ -626,46 +658,53 @@ def test_dispatcher_keeps_drafting_a_head_that_pays_near_break_even():
 
 
 def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypatch):
-    """A tree's price is at least its median step less its target forward, beyond a plain step's, timed side by
-    side (the tree's own verification and commit work count); never less than its measured drafting; its
-    forwards, priced by the calibrated table, may stall without moving it; a plain step's overhead is its
-    median engine step less the forward, robust to one slow step."""
+    """A tree's price is at least the median difference of its engine steps and a plain engine's, stepped in
+    turns, less the forwards' priced difference (the tree's own verification and commit work, and a forward
+    dearer in the engine than alone, count); never less than its measured drafting; stalls that hit a few
+    steps leave it alone; a plain step's overhead is its median engine step less the forward, and at most
+    the steps less their own forwards, whose stalls leave it alone."""
     from types import SimpleNamespace
 
     from eaglespec.engine import calibrate as cal
 
-    machine = {"tree_nf": 0.005, "tree_fw": 0.0115, "stalled_run": None, "plain_fw": 0.010}
-    tree_runs = []
+    machine = {"tree_nf": 0.005, "tree_fw": 0.0115, "plain_fw": 0.010, "stalled": (), "tree_only": False}
 
     def steps(target, proposer, batch, n, prompt, temperature=0.0, forwards=None):  # 9 steps and one stall
         stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))  # drafting 1 ms a step
-        tree = proposer is not None
-        tree_runs.extend([1] if tree else [])
-        slow = 1.5 if tree and machine["stalled_run"] == len(tree_runs) else 1.0  # the forwards stall
-        fw, nf = (machine["tree_fw"] * slow, machine["tree_nf"]) if tree else (machine["plain_fw"], 0.002)
+        fw = [machine["plain_fw"]] * 9 + [0.49]
         if forwards is not None:
-            forwards.extend([fw] * 9 + [0.49])
-        return [fw + nf] * 9 + [0.49 + nf], stats
+            forwards.extend(fw)
+        return [f + 0.002 for f in fw], stats
+
+    def paired(target, proposer, batch, n, prompt, temperature=0.0):  # the tree's steps and the plain ones
+        stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))
+        slow = [1.5 if i in machine["stalled"] else 1.0 for i in range(11)]
+        tree = [machine["tree_fw"] * k + machine["tree_nf"] for k in slow]
+        plain = [0.010 * (1.0 if machine["tree_only"] else k) + 0.002 for k in slow]
+        return tree, plain, stats
 
     monkeypatch.setattr(cal, "_step_times", steps)
+    monkeypatch.setattr(cal, "_paired_steps", paired)
     target = SimpleNamespace(model=SimpleNamespace(device=None))
     verify = {(b, n): 0.010 + 0.001 * (n - 1) for b in (1, 2) for n in (1, 2, 4)}
     overhead = cal.measure_overhead(target, verify, batches=(1, 2))
     assert overhead == pytest.approx({1: 0.002, 2: 0.002})  # 12 ms a step, the forward 10
     machine["plain_fw"] = 0.013  # the steps' forwards stall: the steps less verify(b, 1) would read 5 ms
     assert cal.measure_overhead(target, verify, batches=(1, 2)) == pytest.approx(overhead)
-    machine["plain_fw"] = 0.010
     costs = CostTable(verify, {}, overhead=overhead)
     trees = {"chain1": Chain(1)}
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2))[(1, "chain1")] == pytest.approx(0.001)
     with_steps = cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)
-    assert with_steps[(1, "chain1")] == pytest.approx(0.005 - 0.002)  # 5 ms beyond its forward, a plain step 2
-    tree_runs.clear()
-    machine["stalled_run"] = 3  # the first reading's long run at batch 1 (after the warm-up and the short run)
+    # a tree step 16.5 ms, a plain one 12: 4.5 ms more, of which the forwards' priced difference is 1
+    assert with_steps[(1, "chain1")] == pytest.approx(0.0035)
+    machine["stalled"] = (2, 3, 4)  # a stall over three pairs of steps
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs) == pytest.approx(with_steps)
-    machine.update(stalled_run=None, tree_fw=0.030)  # its forwards three times a plain one's: priced elsewhere
+    machine["tree_only"] = True  # ... or over three of the tree's steps alone
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs) == pytest.approx(with_steps)
-    machine.update(tree_nf=0.002, tree_fw=0.010, stalled_run=None)  # as cheap as a plain step: drafting's floor
+    machine.update(stalled=(), tree_fw=0.030)  # its forward 20 ms dearer in the engine where 1 is priced
+    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)[(1, "chain1")] == \
+        pytest.approx(0.030 + 0.005 - 0.012 - 0.001)
+    machine.update(tree_nf=0.002, tree_fw=0.010)  # as cheap as a plain step: its drafting is the floor
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)[(1, "chain1")] == pytest.approx(0.001)
 
 

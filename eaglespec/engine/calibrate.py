@@ -207,6 +207,37 @@ def _step_times(target, proposer, batch: int, steps: int, prompt: list[int],
     return times[3:], first.stats
 
 
+def _paired_steps(target, proposer, batch: int, steps: int, prompt: list[int],
+                  temperature: float = 0.0) -> tuple[list[float], list[float], object]:
+    """(wall seconds of each decode step of an engine drafting with ``proposer``, of a plain engine's, the
+    drafting engine's first request's stats): the two decode the same requests (as ``_step_times``) stepped in
+    turns, one step each, so that step i of one and step i of the other run a few milliseconds apart; their
+    prefills and first two steps left out."""
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
+
+    reqs = [Request(prompt, GenerationConfig(steps, SamplingParams(temperature=temperature, seed=i), ignore_eos=True))
+            for i in range(batch)]
+    engines = []
+    for drafter in (proposer, None):
+        engine = Engine(target, drafter, max_batch_size=batch)
+        engine.max_len = len(prompt) + steps + engine.slack  # the cache `stream` would size for these requests
+        for i, r in enumerate(reqs):
+            engine.submit(i, r)
+        engines.append(engine)
+    done: list = []
+    times: tuple[list[float], list[float]] = ([], [])
+    while not all(e.idle for e in engines):
+        for engine, out in zip(engines, times):
+            if not engine.idle:
+                t = time.perf_counter()
+                engine.step(on_finish=done.append if engine is engines[0] else None)
+                synchronize(target.model.device)
+                out.append(time.perf_counter() - t)
+    first = min(done, key=lambda c: c.index)
+    return times[0][3:], times[1][3:], first.stats
+
+
 def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key=lambda b: b) -> None:
     """Fill ``out[key(b)]`` for the batch sizes between the smallest and largest measured, linearly."""
     lo, hi = measured[0], measured[-1]
@@ -223,22 +254,23 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     engine's per-step overhead, at each batch size. The engine runs a short and a long decode with that tree on
     a fixed prompt (after a warm-up run): the extra draft seconds of the long run over its extra target
     forwards are one step's drafting. With ``costs`` (given when the forwards and the overhead are measured
-    already) the long run's steps and their target forwards are also timed one by one, next to a plain run of
-    as many steps on the same prompt, and the cost is at least the tree's median step less its forward, beyond
-    the plain step's median less its forward: what a tree step does besides drafting (verifying and compacting
-    a tree, committing several tokens) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost
+    already) the long run is stepped in turns with a plain engine decoding the same requests (``_paired_steps``:
+    step i of each a few milliseconds apart), and the cost is at least the median difference of their i-th
+    steps less what ``costs`` prices for the difference of their forwards, ``verify(b, nodes) - verify(b,
+    1)``: what a tree step does besides drafting (verifying and compacting a tree, committing several tokens,
+    a forward dearer in the engine than alone) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost
     1.39-1.40x a plain one in the benchmark's records while drafting + forwards + overhead summed to
     1.27-1.32x. Until calibration version 13 the tree's median step less ``verify_cost(b, nodes)`` gave that
     floor: absolute times of runs minutes apart from the forwards', which on a drifting VM priced the chain of
     1's step at 1.19-1.26 plain steps where the benchmark's records showed ~1.33 (2-core Xeon, 2026-11-27).
-    Versions 13-15 took the ratio of the two runs' median steps times the priced plain step: but on that
-    shared VM the other tenants slow the memory-bound forwards for a tenth of a second or more at a time
-    (the drafting, compute-bound, kept its 0.7-0.8 ms), and a stall that covered the tree's run read the chain
+    Versions 13-14 took the ratio of the median steps of a tree run and of a plain run right after it: but on
+    that shared VM the other tenants slow the memory-bound forwards for a tenth of a second or more at a time
+    (the drafting, compute-bound, kept its 0.7-0.8 ms), and a stall that covered a tree's run read the chain
     of 1's drafting at 0.8-2.0 ms in six readings of one minute; the calibration that kept 1.33 paused
-    `--tree auto` in a run where the chain of 1 ran 1.07x. Without the forwards the steps read what they add
-    (0.63-0.82 ms in twenty readings, `docs/results/xeon-2026-11-27-s17/`). Its forward is priced by
-    ``costs`` alone: the engine's 2-token forwards read 0.5-2.0 ms above its 1-token ones in those runs (the
-    calibrated difference: 0.46), stalls again in the upper half.
+    `--tree auto` in a run where the chain of 1 ran 1.07x. Steps taken in turns share their stalls. (Leaving
+    the forwards out, steps less their own forwards, read 0.63-0.82 ms there but priced the chain of 1's step
+    at batch 4 at 8.90 ms where the engine ran it in 10.36: `--tree auto` drafted it at 0.94x;
+    ``docs/results/xeon-2026-11-27-s17/``.)
 
     Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
     (a shared VM's steps slow from 9 to 14 ms for a second or two, then recover) spoils one reading of a tree,
@@ -255,20 +287,20 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                 if rep == 0 and b == measured[0]:  # warm-up, once per tree
                     _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt, temperature)
                 _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt, temperature)
-                tree_fw: list[float] = []
-                times, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature,
-                                          forwards=tree_fw if costs is not None else None)
+                if costs is not None:  # plain steps in turns with the tree's (see the docstring)
+                    times, plain, long = _paired_steps(target, make_proposer(tree), b, LONG_STEPS, prompt,
+                                                       temperature)
+                else:
+                    (times, long), plain = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt,
+                                                       temperature), []
                 forwards = long.target_forwards - short.target_forwards
                 cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
                     long.draft_s / max(long.target_forwards, 1)
-                if costs is not None and times:
-                    # plain steps of the same prompt right after the tree's: what a tree step spends beyond its
-                    # target forward, less what a plain step does, taken side by side (see the docstring)
-                    plain_fw: list[float] = []
-                    plain, _ = _step_times(target, None, b, LONG_STEPS, prompt, temperature, forwards=plain_fw)
-                    beyond = statistics.median(t - f for t, f in zip(times, tree_fw)) - \
-                        statistics.median(t - f for t, f in zip(plain, plain_fw))
-                    cost = max(cost, beyond)
+                pairs = list(zip(times, plain))
+                if pairs:  # the pairs' median difference, less the forwards' priced difference
+                    context = len(prompt) + LONG_STEPS // 2
+                    priced = costs.verify_cost(b, tree.num_nodes, context) - costs.verify_cost(b, 1, context)
+                    cost = max(cost, statistics.median(t - p for t, p in pairs) - priced)
                 readings.setdefault((b, label), []).append(cost)
     out = {key: statistics.median(values) for key, values in readings.items()}
     for label in trees:
