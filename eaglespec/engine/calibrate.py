@@ -51,9 +51,9 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # 14: nothing measured differently; chains (verification, drafting, commit) and paused steps (their record) cost
 # less in the engine, so tables of version 13 price them too high
 # 15: the same again (a batch-1 chain's commit and every forward's attention plan and rotary lookup are cheaper);
-# a verify point above a larger forward's at all measured again; a tree's step floor from the steps less their
-# target forwards (the ratio of whole steps read the forwards' stalls as drafting); the overhead at most the plain
-# steps less their own forwards
+# a verify point above a larger forward's at all measured again; a tree's step floor from its steps and a plain
+# engine's stepped in turns (the ratio of two runs' steps read the forwards' stalls as drafting); the overhead at
+# most the plain steps less their own forwards
 CALIBRATION_VERSION = 15
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
@@ -61,6 +61,7 @@ BATCHES = (1, 2, 4, 8)
 PREFIX = 128
 LONG_PREFIXES = (320, 512)  # the context slope: a least-squares line through PREFIX and these
 PAUSED_STEPS = 128  # a paused stretch as long as a typical request's generation
+DRAFT_PROMPT = 16  # tokens of the fixed prompt the trees' steps are timed on (measure_draft)
 
 
 def _fingerprint() -> str:
@@ -269,7 +270,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     of 1's drafting at 0.8-2.0 ms in six readings of one minute; the calibration that kept 1.33 paused
     `--tree auto` in a run where the chain of 1 ran 1.07x. Steps taken in turns share their stalls. (Leaving
     the forwards out, steps less their own forwards, read 0.63-0.82 ms there but priced the chain of 1's step
-    at batch 4 at 8.90 ms where the engine ran it in 10.36: `--tree auto` drafted it at 0.94x;
+    at batch 4 at 8.90 ms where the engine ran it in 10.36: `--tree auto` drafted it at 0.974x;
     ``docs/results/xeon-2026-11-27-s17/``.)
 
     Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
@@ -278,7 +279,10 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     in quiet readings) and another at 16 ms, and `--tree auto` then paused where the chain of 1 ran at 1.13x."""
     batches = batches or BATCHES
     readings: dict[tuple[int, str], list[float]] = {}
-    prompt = list(range(5, 5 + min(PREFIX, 64)))
+    # A short prompt: every reading prefills it three times (the short run and the two engines stepped in turns),
+    # at the largest batch too, and the costs read here are differences of steps at one context (64 tokens until
+    # version 15: a whole calibration took 164-167 s on the 2-core Xeon in five runs, 120 s with 16)
+    prompt = list(range(5, 5 + min(PREFIX, DRAFT_PROMPT)))
     measured = sorted({batches[0], batches[-1]})  # drafting grows slowly with batch: interpolate between
     trees = {label: tree for label, tree in candidates.items() if tree.drafts}  # a plain step drafts nothing
     for rep in range(reps):
@@ -436,8 +440,18 @@ def _catch_up_excess(paused: Sequence[float], proposer) -> float:
 def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
               head_id: str = "", precision: str = "float32") -> CostTable:
     t0 = time.perf_counter()
+    phases: dict[str, float] = {}  # seconds each part took (logged: where a calibration's time goes)
+    last = t0
+
+    def done(name: str) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - last
+        last = now
+
     verify = measure_verify(target.model, batches)
     context = measure_context(target.model, verify, batches)
+    done("forwards")
     beyond: dict[int, float] = {}
     steps = measure_plain_steps(target, batches, beyond=beyond)
     lowered = cap_by_plain_steps(verify, steps)
@@ -446,18 +460,23 @@ def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: 
                  "step", ", ".join(map(str, lowered)))
     envelope = CostTable(verify, {}).envelope
     overhead = measure_overhead(target, envelope, batches, steps=steps, beyond=beyond)
+    done("plain steps")
     draft = measure_draft(target, make_proposer, candidates, batches,
                           CostTable(verify, {}, overhead=overhead, context=context, prefix=PREFIX))
+    done("trees")
     paused = measure_paused(target, make_proposer, batches)
+    done("paused steps")
     # Requests that sample pay more per step, plain or not: their own overhead and drafting (SAMPLED_T).
     sampled_beyond: dict[int, float] = {}
     sampled_steps = measure_plain_steps(target, batches, temperature=SAMPLED_T, beyond=sampled_beyond)
     sampled_overhead = measure_overhead(target, envelope, batches, steps=sampled_steps, beyond=sampled_beyond)
+    done("plain steps")
     sampled_draft = measure_draft(target, make_proposer, candidates, batches,
                                   CostTable(verify, {}, overhead=sampled_overhead, context=context, prefix=PREFIX),
                                   temperature=SAMPLED_T)
-    log.info("calibrated %d verify and %d draft costs in %.1f s", len(verify), len(draft) + len(sampled_draft),
-             time.perf_counter() - t0)
+    done("trees")
+    log.info("calibrated %d verify and %d draft costs in %.1f s (%s)", len(verify), len(draft) + len(sampled_draft),
+             time.perf_counter() - t0, ", ".join(f"{name} {secs:.1f} s" for name, secs in phases.items()))
     return CostTable(verify, draft, _fingerprint(), overhead, paused, context, PREFIX, sampled_overhead, sampled_draft)
 
 
