@@ -2,6 +2,7 @@
 tree (``none`` for a head that is never accepted, a deep chain for a drafter that always is), and cached
 calibration."""
 
+import math
 import random
 from types import SimpleNamespace
 
@@ -967,7 +968,10 @@ def test_a_look_back_probe_scores_the_guesses_a_chain_would_have_drafted(monkeyp
 
     monkeypatch.setattr(prop, "LOOK_BACK", 3)
     # chain 1 pays above ~21% depth-1 acceptance; the head is believed at 16%: paused, and probing after 6 steps
-    # (at 1.5 x 16% it would pay)
+    # (at 1.5 x 16% it would pay; in these 20-token requests too few tokens are left for that to repay a probe,
+    # which this test is not about: tested above)
+    from eaglespec.spec import dispatch
+    monkeypatch.setattr(dispatch, "PROBE_COST_STEPS", 0.0)
     d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
                            repick_every=1, probe_every=6, max_probe_every=6)
     seen, scored = [], []
@@ -1058,3 +1062,37 @@ def test_a_paused_dispatcher_does_not_probe_where_no_plausible_recovery_would_pa
         assert seen == probes, (batch, seen)  # at batch 1: after 4, 8 and 16 paused steps
     with pytest.raises(ValueError, match="probe_optimism"):
         AdaptiveDispatcher(costs, probe_optimism=0.5)
+
+
+def test_a_paused_dispatcher_does_not_probe_where_too_few_tokens_are_left_to_repay_it():
+    """A resume at the hopeful speedup S over the R tokens a row has left saves R * (1 - 1/S) plain steps; a
+    probe costs about one (its catch-up): due probes are skipped (and the wait doubles, as after a failed one)
+    where the longest budget cannot repay it, and made where it can; no budget: probes as before."""
+    from eaglespec.spec import dispatch
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = flat_costs(per_token=0.004, batches=(1, 4))
+
+    def probes(budget_of):  # budget_of(step) -> the rows' budgets at that step
+        d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.3, 0.3), weight=1e6),
+                               repick_every=1, probe_every=4, max_probe_every=16)
+        d.start_row(0)
+        d.start_row(1)
+        at = []
+        for step in range(40):
+            assert not d.pick(2, [0, 1], look_back=True, budget=budget_of(step)).drafts
+            if d.look_back_due:
+                at.append(step)
+                d.observe_look_back([0, 1], [2, 2], [8, 8])
+        return at, d
+
+    everywhere, d = probes(lambda step: None)
+    assert everywhere == [3, 11, 27]
+    hopeful = d._batch_tracker([0, 1]).rates()
+    speedup = dispatch.choose(costs, 2, d._shapes, AcceptanceTracker(1.0, tuple(min(1.0, 1.5 * r) for r in hopeful),
+                                                                      1.0), d.margin, None).predicted_speedup
+    enough = math.ceil(dispatch.PROBE_COST_STEPS / (1 - 1 / speedup))  # tokens left that repay a probe
+    assert probes(lambda step: (enough, 1))[0] == everywhere  # the row with the most left decides
+    assert probes(lambda step: (enough - 1, enough - 1))[0] == []  # none of them is worth its catch-up
+    assert probes(lambda step: (27 + enough - 1 - step,) * 2)[0] == [3, 11]  # the third comes too late
+    assert 10 < enough < 100  # the rows of 128-token requests probe, but not in their last tokens

@@ -49,10 +49,11 @@ class Proposer(Protocol):
         temperatures: per row, the request's sampling temperature (0 = greedy decoding)."""
 
     def propose(self, rows: torch.Tensor, pending: torch.Tensor, prefix_lengths: torch.Tensor,
-                host: HostRows | None = None) -> DraftTree:
+                host: HostRows | None = None, budget: Sequence[int] | None = None) -> DraftTree:
         """Draft a tree per row whose root is the row's pending token; prefix_lengths [B] = target KV lengths;
         host: the same rows and lengths as the engine holds them on the host (so drafting reads nothing back;
-        its max_position is the roots' position)."""
+        its max_position is the roots' position); budget: the tokens each row may still generate (its
+        request's max_new_tokens less its output so far; stop strings and EOS may end it sooner)."""
 
     def commit(self, rows: torch.Tensor, tree: DraftTree, verdict: Verdict, out,
                n_accepted: list[int] | None = None) -> None:
@@ -356,7 +357,8 @@ class Engine:
         host_rows, host_lengths = tuple(s.row for s in seqs), tuple(s.length for s in seqs)
         if self.proposer is not None:
             tree = self.proposer.propose(rows, pending, prefix,
-                                         host=HostRows(host_rows, host_lengths, max(host_lengths)))
+                                         host=HostRows(host_rows, host_lengths, max(host_lengths)),
+                                         budget=tuple(s.request.config.max_new_tokens - len(s.output) for s in seqs))
             hidden_indices = self.proposer.hidden_indices
             label = getattr(self.proposer, "step_label", None)
             choice = getattr(self.proposer, "step_choice", None)

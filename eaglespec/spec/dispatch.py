@@ -38,6 +38,9 @@ __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES"]
 
 
 CONTEXT_BUCKET = 64  # tokens of context growth after which a paused batch's choice is made again
+PROBE_COST_STEPS = 1.0  # what a probe costs, in plain steps: its catch-up encodes the prompt and every pair
+# recorded while paused (~35 us a pair and row, 100-200 pairs into a 128-token request, against a ~4 ms plain
+# step at batch 1 on the 2-core Xeon); a probe is skipped where a resume could not win that back (``pick``)
 
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
@@ -134,10 +137,11 @@ class AdaptiveDispatcher:
         return AcceptanceTracker(1.0, tuple(rates), 1.0, shape_tokens=shapes)
 
     def pick(self, batch_size: int, rows: Sequence[int] | None = None, context: float | None = None,
-             look_back: bool = False) -> TreeStrategy:
+             look_back: bool = False, budget: Sequence[int] | None = None) -> TreeStrategy:
         """context: the rows' mean committed length (None: priced at the calibration's context); look_back: the
         caller can score its head on the paused steps' pairs, so a due probe sets ``look_back_due`` and keeps
-        the step plain instead of drafting."""
+        the step plain instead of drafting; budget: the tokens each row may still generate (None: unknown), so
+        that a due probe is skipped where no row has enough left for a resume to repay it."""
         rows = rows if rows is not None else list(self.rows)
         self._context = context
         self.look_back_due = False
@@ -163,7 +167,7 @@ class AdaptiveDispatcher:
             if self._since_draft >= self._probe_wait and self.candidates:
                 self._since_draft = 0
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
-                if self._probe_could_pay(batch_size, rows):
+                if self._probe_could_pay(batch_size, rows, budget):
                     if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
                         self.look_back_due = self._probe_done = True
                         return cfg
@@ -181,14 +185,21 @@ class AdaptiveDispatcher:
         and tree steps both cost more than greedy ones), else the greedy one."""
         return self._sampled_costs if any(self._sampled.get(r, False) for r in rows) else self.costs
 
-    def _probe_could_pay(self, batch_size: int, rows: Sequence[int]) -> bool:
+    def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None) -> bool:
         """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now (at
-        every depth, at most 1): a probe costs a catch-up over every pair recorded while paused (1-2% of the
-        paused steps at batch 4 on a 2-core Xeon), which is wasted where no plausible recovery makes a tree pay
-        (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and T=1 requests showed ~0.25)."""
+        every depth, at most 1), and by enough, over the most tokens a row has left (``budget``), to win back
+        what the probe costs (``PROBE_COST_STEPS`` plain steps): a probe costs a catch-up over every pair
+        recorded while paused (1-2% of the paused steps at batch 4 on a 2-core Xeon), which is wasted where no
+        plausible recovery makes a tree pay (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and
+        T=1 requests showed ~0.25), or where too few tokens are left for it to: resuming at speedup S over R
+        tokens saves R * (1 - 1/S) plain steps (a 128-token request's third probe, 16 tokens before its end,
+        saves at most 0.3 of a step at S = 1.02)."""
         rates = self._batch_tracker(rows).rates()
         hopeful = AcceptanceTracker(1.0, tuple(min(1.0, self.probe_optimism * r) for r in rates), 1.0)
-        return choose(self._costs(rows), batch_size, self._shapes, hopeful, self.margin, self._context).label != PLAIN
+        best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self.margin, self._context)
+        if best.label == PLAIN:
+            return False
+        return not budget or max(budget) * (1.0 - 1.0 / best.predicted_speedup) >= PROBE_COST_STEPS
 
     def _probe_step(self, batch_size: int, rows: Sequence[int]) -> TreeStrategy:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""

@@ -216,9 +216,10 @@ class EagleProposer:
         return g
 
     def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor,
-                host: HostRows | None = None) -> DraftTree:
+                host: HostRows | None = None, budget: Sequence[int] | None = None) -> DraftTree:
         """host: the rows and lengths as held on the host (the engine passes them): no draft forward reads
-        the device then."""
+        the device then; budget: the tokens each row may still generate (the dispatcher skips probes that
+        could not pay within them)."""
         self._host = host
         ids = list(host.rows) if host is not None else rows.tolist()
         temps = [self._row_temperature.get(r, self.draft_temperature or 0.0) for r in ids]
@@ -227,7 +228,8 @@ class EagleProposer:
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (top-k drafts only: a sampled
             # child is accepted with another probability than the top-1 guess the look-back scores)
-            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=not sampling and self.max_lag > 0)
+            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=not sampling and self.max_lag > 0,
+                                       budget=budget)
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
@@ -580,7 +582,7 @@ class ReplayProposer:
         for r, t, n in zip(rows.tolist(), tokens.tolist(), lengths.tolist()):
             self._rows[r] = (self.continuations.get(tuple(t[:n]), []), n)
 
-    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor, host=None) -> DraftTree:
+    def propose(self, rows: Tensor, pending: Tensor, prefix_lengths: Tensor, host=None, budget=None) -> DraftTree:
         drafts = []
         for r, p in zip(rows.tolist(), prefix_lengths.tolist()):
             cont, n = self._rows[r]
