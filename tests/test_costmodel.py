@@ -188,16 +188,15 @@ def test_paired_steps_step_a_drafting_and_a_plain_engine_in_turns(monkeypatch):
     each in turn while both have work, and each step is timed on its own (prefill and two steps left out)."""
     import torch
 
+    from eaglespec.config import GenerationConfig
     from eaglespec.engine import calibrate as cal
-    from eaglespec.engine.generate import Engine
+    from eaglespec.engine.generate import Engine, Request
     from eaglespec.spec.proposer import ReplayProposer
     from helpers import tiny_target
 
     target, _ = tiny_target("llama")
     prompt = list(range(5, 21))
     with torch.inference_mode():  # the continuation a replay drafter gets fully accepted (3 tokens a step)
-        from eaglespec.config import GenerationConfig
-        from eaglespec.engine.generate import Request
         want = Engine(target).generate([Request(prompt, GenerationConfig(12, ignore_eos=True))])[0].token_ids
     replay = ReplayProposer({tuple(prompt): want}, depth=2)
     order, step = [], Engine.step

@@ -162,6 +162,15 @@ def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence
 SHORT_STEPS, LONG_STEPS = 4, 20
 
 
+def _requests(prompt: list[int], steps: int, batch: int, temperature: float) -> list:
+    """``batch`` requests of ``prompt`` decoding exactly ``steps`` tokens each, seeded 0..batch-1."""
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Request
+
+    return [Request(prompt, GenerationConfig(steps, SamplingParams(temperature=temperature, seed=i), ignore_eos=True))
+            for i in range(batch)]
+
+
 def _step_times(target, proposer, batch: int, steps: int, prompt: list[int],
                 temperature: float = 0.0, forwards: list[float] | None = None) -> tuple[list[float], object]:
     """(wall seconds of each decode step of one engine run of ``steps`` new tokens per row, the first
@@ -169,12 +178,10 @@ def _step_times(target, proposer, batch: int, steps: int, prompt: list[int],
     ``temperature`` > 0: the requests sample (seeded), and so do their drafts under the default rule.
     ``forwards``: a list that gets the seconds of each of those steps' target forward (the engine runs one a
     step), in the same order."""
-    from eaglespec.config import GenerationConfig, SamplingParams
-    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.engine.generate import Engine
 
     engine = Engine(target, proposer, max_batch_size=batch)
-    reqs = [Request(prompt, GenerationConfig(steps, SamplingParams(temperature=temperature, seed=i), ignore_eos=True))
-            for i in range(batch)]
+    reqs = _requests(prompt, steps, batch, temperature)
     done: list = []
     model, timed = target.model, []
     if forwards is not None:  # the instance attribute shadows the class's forward for this run only
@@ -214,11 +221,9 @@ def _paired_steps(target, proposer, batch: int, steps: int, prompt: list[int],
     drafting engine's first request's stats): the two decode the same requests (as ``_step_times``) stepped in
     turns, one step each, so that step i of one and step i of the other run a few milliseconds apart; their
     prefills and first two steps left out."""
-    from eaglespec.config import GenerationConfig, SamplingParams
-    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.engine.generate import Engine
 
-    reqs = [Request(prompt, GenerationConfig(steps, SamplingParams(temperature=temperature, seed=i), ignore_eos=True))
-            for i in range(batch)]
+    reqs = _requests(prompt, steps, batch, temperature)
     engines = []
     for drafter in (proposer, None):
         engine = Engine(target, drafter, max_batch_size=batch)
@@ -291,16 +296,16 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                 if rep == 0 and b == measured[0]:  # warm-up, once per tree
                     _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt, temperature)
                 _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt, temperature)
+                pairs: list[tuple[float, float]] = []
                 if costs is not None:  # plain steps in turns with the tree's (see the docstring)
                     times, plain, long = _paired_steps(target, make_proposer(tree), b, LONG_STEPS, prompt,
                                                        temperature)
+                    pairs = list(zip(times, plain))
                 else:
-                    (times, long), plain = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt,
-                                                       temperature), []
+                    _, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
                 forwards = long.target_forwards - short.target_forwards
                 cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
                     long.draft_s / max(long.target_forwards, 1)
-                pairs = list(zip(times, plain))
                 if pairs:  # the pairs' median difference, less the forwards' priced difference
                     context = len(prompt) + LONG_STEPS // 2
                     priced = costs.verify_cost(b, tree.num_nodes, context) - costs.verify_cost(b, 1, context)

@@ -410,16 +410,18 @@ def plan_attention(
         raise cache.overflow_error(idx, width, batch) or ContextOverflowError("context overflow")
     row_slice = slice(0, batch) if rows is None else (slice(first, first + batch) if contiguous else None)
     uniform = max_start == min_start
+    plain = uniform and offset == 0 and (n_new == 1 or block_mask is None)  # a mask from the host's numbers alone
     dev = cache.device
+    if start is None and not plain:
+        start = cache.lengths[idx]
     if uniform:  # every row starts at max_start (known on the host): no read of the lengths
         write_slots = torch.arange(max_start + offset, max_start + offset + n_new,
                                    device=dev).expand(batch, n_new).contiguous()  # [B, T]
     else:
-        start = cache.lengths[idx] if start is None else start
         write_slots = start[:, None] + offset + torch.arange(n_new, device=dev)  # [B, T]
 
     mask, is_causal = None, False
-    if uniform and offset == 0 and (n_new == 1 or block_mask is None):
+    if plain:
         if n_new == 1:
             pass  # a single new token per row sees the whole prefix and itself: no mask
         elif max_start == 0:
@@ -427,7 +429,6 @@ def plan_attention(
         else:  # query t sees slots s <= t + max_start: the prefix, then causal within the block
             mask = torch.ones(n_new, n_slots, dtype=torch.bool, device=dev).tril_(max_start)[None, None]  # [1, 1, T, S]
     else:
-        start = cache.lengths[idx] if start is None else start
         rel = torch.arange(n_slots, device=dev)[None, :] - start[:, None]  # [B, S] slot offset from the block
         in_block = (rel >= 0) & (rel < width)  # [B, S]
         j = rel.clamp(0, width - 1)[:, None, :]  # [B, 1, S] block column of each slot
