@@ -570,6 +570,15 @@ def test_acceptance_eval_decodes_the_given_question_file(tiny, tmp_path, monkeyp
         train(config(root, "qeval2", max_steps=1, eval_prompts=str(tmp_path / "empty.jsonl")), target)
 
 
+def test_fewer_held_out_records_than_a_batch_are_all_evaluated(tiny):
+    """3 held-out records under a training batch of 8 (a small --eval-ids file, say) are evaluated, all of them:
+    as many positions as the same 3 records read in batches of 2 (the split does not depend on the batch)."""
+    target, root = tiny
+    runs = [train(config(root, f"few-eval-{b}", max_steps=1, batch_size=b, eval_records=3,
+                         eval_acceptance_prompts=0, draft_vocab_size=100), target) for b in (8, 2)]
+    assert runs[0]["eval_positions"] == runs[1]["eval_positions"] > 0
+
+
 def test_eval_ids_hold_out_the_same_records_on_grown_data(tiny, tmp_path):
     from eaglespec.train.train import split_by_ids
 
