@@ -620,11 +620,37 @@ def test_paused_dispatcher_chooses_again_only_on_new_evidence(monkeypatch):
     d.start_row(1)
     assert not d.pick(2, [0, 1]).drafts  # a new row (and batch size): chosen again
     assert calls == [1, 2]
+    for _ in range(6):  # a new row starts the probe waits over: no probe, no new evidence for 7 steps
+        assert not d.pick(2, [0, 1]).drafts
+    assert calls == [1, 2]
     probe = d.pick(2, [0, 1])  # the 8th paused step probes (its choice at optimistic acceptance: could it pay?)
     assert probe.drafts and calls == [1, 2, 2]
     d.observe([0, 1], probe, [0, 0])
     d.pick(2, [0, 1])  # the probe ended with new evidence: chosen again
     assert calls == [1, 2, 2, 2]
+
+
+def test_a_new_request_is_probed_after_probe_every_paused_steps_whatever_the_requests_before_it_did():
+    """Requests one after another in one cache row (batch 1): the first pauses and its probes find nothing, so
+    its waits double to the cap; the next request, paused from its start by the pooled acceptance, is probed
+    ``probe_every`` steps after it joined (measured before: a 128-token MT-bench request ran paused throughout
+    at 0.96x of vanilla where the chain of 1 ran 1.09x, its first probe due after its budget), and not at its
+    first step either, where it has recorded nothing to look back on."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costly = flat_costs(per_token=0.01)  # chain 1 pays above 58% depth-1 acceptance; a probe could at 45%
+    d = AdaptiveDispatcher(costly, repick_every=1, probe_every=4, max_probe_every=64, probe_steps=1,
+                           prior=AcceptanceTracker(prior=(0.45,) * 8, weight=1e6))
+    for request in range(3):
+        d.start_row(0)
+        probes = []
+        for step in range(100):
+            cfg = d.pick(1, [0])
+            if cfg.drafts:
+                probes.append(step)
+                d.observe([0], cfg, [0])
+        d.end_row(0)
+        assert probes[:3] == [3, 11, 27]  # waits 4, 8, 16 from the request's own start, then 32, 64
 
 
 def _simulate(dispatcher, accept, steps, seed):

@@ -10,7 +10,8 @@ per-request acceptance (``costmodel.py`` has the formulas).
   rows' mean context (a verified token costs more in a longer context).
 * A batch that stopped drafting (choice ``none``) probes after ``probe_every`` steps, and chooses again from
   what the probe saw, so acceptance that recovers is seen again; each probe after which drafting still does
-  not pay doubles the wait (up to ``max_probe_every``). A probe LOOKS BACK when the proposer can
+  not pay doubles the wait (up to ``max_probe_every``), and a new request starts the waits over (it starts
+  from the pooled acceptance of the requests before it, which may have paused for reasons of their own). A probe LOOKS BACK when the proposer can
   (``pick(..., look_back=True)``: greedy drafts and lazily recorded paused pairs): the step stays plain, the
   proposer catches its draft cache up over the recorded pairs and scores the head's top-1 guess at each of
   the latest of them against the token the target committed next (``observe_look_back``): depth-1
@@ -99,6 +100,10 @@ class AdaptiveDispatcher:
         self.rows[row] = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
                                            shape_tokens=dict(p.shape_tokens))
         self._sampled[row] = sampled
+        # Its own acceptance is not known yet: a paused batch probes ``probe_every`` steps after it joined. The
+        # waits doubled over the requests before it (and the paused steps counted since their last probe) would
+        # otherwise leave it unprobed for its whole budget, or probe it at once, before it recorded a pair.
+        self._probe_wait, self._since_draft = self.probe_every, 0
 
     def end_row(self, row: int) -> None:
         self.rows.pop(row, None)
