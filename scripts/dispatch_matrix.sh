@@ -7,7 +7,8 @@
 #
 # Environment: D (data dir, default ../shared/data), MT_PER_CATEGORY / SB_PER_CATEGORY (MT-bench / Spec-Bench
 # questions per category, default 3 / 2), HUMANEVAL (HumanEval problems, default 20), TOKENS (128), THREADS (2),
-# TREES (the fixed trees, default "chain1 chain2 chain3 dynamic"), TEMPS (the temperatures, default "0,1").
+# TREES (the fixed trees, default "chain1 chain2 chain3 dynamic"), TEMPS (the temperatures, default "0,1"),
+# BATCHES (the batch sizes, default "1,4").
 # Every request decodes exactly TOKENS tokens (--ignore-eos): at T=1 the methods sample different streams that
 # stop at different lengths, and a run with shorter outputs pays its prompt over fewer tokens.
 # Run it on a quiet machine; the calibration runs first so that no timed run includes it.
@@ -18,7 +19,7 @@ D=${D:-../shared/data}; E=${EAGLESPEC:-.venv/bin/eaglespec}; THREADS=${THREADS:-
 H=""; DRAFT=(); if [ -n "$HEAD" ]; then H="head=$HEAD,"; DRAFT=(--draft "$HEAD"); fi
 A="vanilla,eagle:${H}auto"
 for t in ${TREES:-chain1 chain2 chain3 dynamic}; do A="$A,eagle:${H}$t"; done
-C=(--max-turns 1 --ignore-eos --batch-size 1,4 --temperature "${TEMPS:-0,1}" --max-new-tokens "${TOKENS:-128}" --threads "$THREADS"
+C=(--max-turns 1 --ignore-eos --batch-size "${BATCHES:-1,4}" --temperature "${TEMPS:-0,1}" --max-new-tokens "${TOKENS:-128}" --threads "$THREADS"
    --seed 0 --methods "$A")
 "$E" calibrate "${DRAFT[@]}" --threads "$THREADS"
 run() {  # run NAME bench-args...

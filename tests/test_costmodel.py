@@ -620,9 +620,6 @@ def test_paused_dispatcher_chooses_again_only_on_new_evidence(monkeypatch):
     d.start_row(1)
     assert not d.pick(2, [0, 1]).drafts  # a new row (and batch size): chosen again
     assert calls == [1, 2]
-    for _ in range(6):  # a new row starts the probe waits over: no probe, no new evidence for 7 steps
-        assert not d.pick(2, [0, 1]).drafts
-    assert calls == [1, 2]
     probe = d.pick(2, [0, 1])  # the 8th paused step probes (its choice at optimistic acceptance: could it pay?)
     assert probe.drafts and calls == [1, 2, 2]
     d.observe([0, 1], probe, [0, 0])
@@ -632,7 +629,7 @@ def test_paused_dispatcher_chooses_again_only_on_new_evidence(monkeypatch):
 
 def test_a_new_request_is_probed_after_probe_every_paused_steps_whatever_the_requests_before_it_did():
     """Requests one after another in one cache row (batch 1): the first pauses and its probes find nothing, so
-    its waits double to the cap; the next request, paused from its start by the pooled acceptance, is probed
+    its waits double; the next request, paused from its start by the pooled acceptance, is probed
     ``probe_every`` steps after it joined (measured before: a 128-token MT-bench request ran paused throughout
     at 0.96x of vanilla where the chain of 1 ran 1.09x, its first probe due after its budget), and not at its
     first step either, where it has recorded nothing to look back on."""
@@ -651,6 +648,14 @@ def test_a_new_request_is_probed_after_probe_every_paused_steps_whatever_the_req
                 d.observe([0], cfg, [0])
         d.end_row(0)
         assert probes[:3] == [3, 11, 27]  # waits 4, 8, 16 from the request's own start, then 32, 64
+    # joining a batch keeps its schedule: a probe's catch-up encodes every row's prompt and recorded pairs
+    d.start_row(0)
+    for _ in range(40):
+        if d.pick(1, [0]).drafts:
+            d.observe([0], d._probe, [0])
+    wait, since = d._probe_wait, d._since_draft
+    d.start_row(1)
+    assert (d._probe_wait, d._since_draft) == (wait, since) and wait > 4
 
 
 def _simulate(dispatcher, accept, steps, seed):
