@@ -575,6 +575,17 @@ def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
     assert per_step[10] == per_step[11] + 1 and per_step[11] >= 2  # catch-up + (draft level + commit)
 
 
+def _probed_steps(dispatcher, steps: int) -> list[int]:
+    """The steps (0-based) at which a batch of row 0 drafts while every draft is rejected."""
+    drafted = []
+    for step in range(steps):
+        cfg = dispatcher.pick(1, [0])
+        if cfg.drafts:
+            drafted.append(step)
+            dispatcher.observe([0], cfg, [0])  # nothing accepted
+    return drafted
+
+
 @pytest.mark.parametrize("probe_steps", [1, 4])
 def test_paused_dispatcher_probes_ever_less_often_while_drafting_does_not_pay(probe_steps):
     from eaglespec.spec.dispatch import AdaptiveDispatcher
@@ -584,12 +595,7 @@ def test_paused_dispatcher_probes_ever_less_often_while_drafting_does_not_pay(pr
     d = AdaptiveDispatcher(costly, repick_every=1, probe_every=2, max_probe_every=8, probe_steps=probe_steps,
                            prior=AcceptanceTracker(prior=(0.45,) * 8, weight=1e6))
     d.start_row(0)
-    drafted = []
-    for step in range(80):
-        cfg = d.pick(1, [0])
-        if cfg.drafts:
-            drafted.append(step)
-            d.observe([0], cfg, [0])  # nothing accepted
+    drafted = _probed_steps(d, 80)
     runs = [[drafted[0]]]
     for a, b in zip(drafted, drafted[1:]):
         runs[-1].append(b) if b == a + 1 else runs.append([b])
@@ -640,19 +646,12 @@ def test_a_new_request_is_probed_after_probe_every_paused_steps_whatever_the_req
                            prior=AcceptanceTracker(prior=(0.45,) * 8, weight=1e6))
     for request in range(3):
         d.start_row(0)
-        probes = []
-        for step in range(100):
-            cfg = d.pick(1, [0])
-            if cfg.drafts:
-                probes.append(step)
-                d.observe([0], cfg, [0])
+        probes = _probed_steps(d, 100)
         d.end_row(0)
         assert probes[:3] == [3, 11, 27]  # waits 4, 8, 16 from the request's own start, then 32, 64
     # joining a batch keeps its schedule: a probe's catch-up encodes every row's prompt and recorded pairs
     d.start_row(0)
-    for _ in range(40):
-        if d.pick(1, [0]).drafts:
-            d.observe([0], d._probe, [0])
+    _probed_steps(d, 40)
     wait, since = d._probe_wait, d._since_draft
     d.start_row(1)
     assert (d._probe_wait, d._since_draft) == (wait, since) and wait > 4

@@ -11,11 +11,12 @@ per-request acceptance (``costmodel.py`` has the formulas).
 * A batch that stopped drafting (choice ``none``) probes after ``probe_every`` steps, and chooses again from
   what the probe saw, so acceptance that recovers is seen again; each probe after which drafting still does
   not pay doubles the wait (up to ``max_probe_every``); a request alone in the batch starts the waits over (it
-  starts from the pooled acceptance of the requests before it, which may have paused for reasons of their own). A probe LOOKS BACK when the proposer can
-  (``pick(..., look_back=True)``: greedy drafts and lazily recorded paused pairs): the step stays plain, the
-  proposer catches its draft cache up over the recorded pairs and scores the head's top-1 guess at each of
-  the latest of them against the token the target committed next (``observe_look_back``): depth-1
-  acceptance at up to 32 positions for the price of a catch-up, which resuming drafting needs anyway. (A
+  starts from the pooled acceptance of the requests before it, which may have paused for reasons of their
+  own). A probe LOOKS BACK when the proposer can (``pick(..., look_back=True)``: greedy drafts and lazily
+  recorded paused pairs): the step stays plain, the proposer catches its draft cache up over the recorded
+  pairs and scores the head's top-1 guess at each of the latest of them against the token the target
+  committed next (``observe_look_back``): depth-1 acceptance at up to 32 positions for the price of a
+  catch-up, which resuming drafting needs anyway. (A
   guess matches a target's SAMPLED token with probability p(guess), the chance a one-token draft of it is
   accepted, so the count is unbiased at any temperature.) Otherwise the probe drafts the cheapest candidate
   for ``probe_steps`` steps in a row: drafting at a chain that loses, 1.4-1.6x a plain step each, which with

@@ -546,6 +546,7 @@ def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
         train_idx, eval_idx = split_indices(len(store), cfg.eval_records, cfg.seed)
         train = OfflineFeatures(store, train_idx, cfg.batch_size, cfg.seed, info.world_size, info.rank,
                                 want_aux, cfg.max_len)
+        # held-out records are read once each (`once`), so fewer of them than a training batch is fine
         ev = OfflineFeatures(store, eval_idx, min(cfg.batch_size, len(eval_idx)), cfg.seed, 1, 0, want_aux,
                              cfg.max_len) if eval_idx else None
         return _Data(train, ev, train_idx, eval_idx, store.tokens, ids if want_aux else ())
@@ -562,7 +563,7 @@ def _build_data(cfg: TrainConfig, target: Any, info: DistInfo) -> _Data:
         train_idx, eval_idx = split_indices(len(records), cfg.eval_records, cfg.seed)
     train = OnlineFeatures(target.model, records, train_idx, cfg.batch_size, ids, cfg.seed, info.world_size,
                            info.rank, cfg.max_len)
-    # held-out records are read once each (`once`), so fewer of them than a training batch is fine
+    # held-out records in batches of at most their number (as above)
     ev = OnlineFeatures(target.model, records, eval_idx, min(cfg.batch_size, len(eval_idx)), ids, cfg.seed, 1, 0,
                         cfg.max_len) if eval_idx else None
     return _Data(train, ev, train_idx, eval_idx, lambda i: (records[i].input_ids, records[i].loss_mask), ids,
