@@ -37,7 +37,8 @@ def add_model_args(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, 
     if compile_flag:
         p.add_argument("--compile", action="store_true",
                        help="run the target's decode and verification forwards as one compiled graph (torch.compile; "
-                            "1-2 min per shape class the first time, then cached on disk; see docs/RUNTIME.md)")
+                            "1-2 min per shape class the first time, then cached on disk; on a CUDA device: CUDA "
+                            "graphs, captured on first use; see docs/RUNTIME.md)")
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:

@@ -97,6 +97,9 @@ class CompiledStep:
     """``Transformer.forward`` for decode and verification forwards (``prefill=False``), run as one compiled
     graph. Installed on a model by ``compile_step``; the model's forward calls it when ``handles`` says so."""
 
+    pads_batch = True
+    """Run a batch of one on a cache of several rows as two rows (see ``__call__``)."""
+
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self._graph = torch.compile(_step_graph, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
@@ -124,7 +127,7 @@ class CompiledStep:
         # - with a cache of several rows, at least 2 rows: a batch that shrinks to one row (the others finished)
         #   runs that row twice (same values, same slots) in the graph it already uses, instead of compiling
         #   a batch-1 graph mid-run (1-2 minutes; measured: a batch-4 bench fell from ~170 to 1.4 tok/s).
-        n_prefix = min(max(plan.n_slots - n_new, 2), cache.max_len)
+        n_prefix = self._prefix_slots(plan.n_slots - n_new, cache.max_len)
         cache_k, cache_v = cache.k[:, :, :, :n_prefix], cache.v[:, :, :, :n_prefix]
         cos, sin = model.rotary(positions, model.dtype, plan.max_position)
         graph_rows = None if cache.max_batch == 1 else plan.rows  # a one-row cache needs no gather
@@ -133,17 +136,17 @@ class CompiledStep:
             block = torch.ones(batch, n_new, n_new, dtype=torch.bool, device=tokens.device).tril()
         else:  # [B, T, T] even where the caller broadcasts one mask over the batch (a size-1 dim is a class)
             block = block_mask.to(device=tokens.device, dtype=torch.bool).expand(batch, n_new, n_new).contiguous()
-        if batch == 1 and cache.max_batch > 1:
+        if self.pads_batch and batch == 1 and cache.max_batch > 1:
             twice = lambda t: t.expand(2, *t.shape[1:]).contiguous()  # noqa: E731 (strides as a real batch's)
             tokens, cos, sin, graph_rows, start = map(twice, (tokens, cos, sin, graph_rows, start))
             block = twice(block)
         want_logits = logits_at is not None
         kind = (cache.max_batch == 1, n_new == 1, want_logits)
         try:
-            hidden, states, logits, new_k, new_v = self._graph(model, tokens, cos, sin, cache_k, cache_v,
-                                                               graph_rows, start, block, want_logits)
+            hidden, states, logits, new_k, new_v = self._run(tokens, cos, sin, cache_k, cache_v, graph_rows, start,
+                                                             block, want_logits)
         except Exception as e:  # a compile failure (or recompile limit) must not end the generation
-            self.disabled = f"the compiled step failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+            self.disabled = f"the {self.what} failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
             log.warning("%s: running eager from now on", self.disabled)
             return model(tokens[:batch], positions, cache, rows=rows, block_mask=block_mask, logits_at=logits_at,
                          hidden_indices=indices, host=host, eager=True)
@@ -160,12 +163,25 @@ class CompiledStep:
         write_block(cache.v, new_v, plan)
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
 
+    what = "compiled step"
+    """How warnings name this step."""
+
+    @staticmethod
+    def _prefix_slots(committed: int, max_len: int) -> int:
+        """How many cache slots the graph reads for a longest committed row of ``committed`` slots."""
+        return min(max(committed, 2), max_len)
+
+    def _run(self, tokens: Tensor, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor, rows: Tensor | None,
+             start: Tensor, block: Tensor, want_logits: bool) -> tuple:
+        """``_step_graph``'s outputs for these inputs (here: the compiled graph's)."""
+        return self._graph(self.model, tokens, cos, sin, cache_k, cache_v, rows, start, block, want_logits)
+
     def _agrees(self, ref: ForwardOutput, hidden: Tensor, logits: Tensor | None, kind: tuple) -> bool:
         pairs = [(ref.hidden, hidden)] + ([(ref.logits, logits)] if logits is not None else [])
         worst = max(float(((a - b).norm(dim=-1) / a.norm(dim=-1).clamp(min=1e-6)).max()) for a, b in pairs)
         if worst <= CHECK_RTOL:
             return True
-        self.disabled = (f"the compiled step disagreed with the eager forward on its first call "
+        self.disabled = (f"the {self.what} disagreed with the eager forward on its first call "
                          f"(one-row cache: {kind[0]}, one token: {kind[1]}; relative error {worst:.3g})")
         log.warning("%s: running eager from now on", self.disabled)
         return False

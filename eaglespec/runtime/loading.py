@@ -455,7 +455,8 @@ def load_target(
     int4_kernel: str = "auto",
 ) -> Target:
     """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`;
-    `compile`: run its decode and verification forwards as one compiled graph (runtime.compiled);
+    `compile`: run its decode and verification forwards as one compiled graph (runtime.compiled), on a CUDA
+    device as CUDA graphs (runtime.cudagraphs);
     `int4_kernel`: the kernel of packed int4 weights (runtime.quant.INT4_KERNELS)."""
     from eaglespec.runtime.model import ModelArgs, Transformer
 
@@ -479,7 +480,11 @@ def load_target(
 
         pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None,
                    int4_kernel=int4_kernel, kernel_cache=cache_root() / "plans")
-    if compile:
+    if compile and model.device.type == "cuda":
+        from eaglespec.runtime.cudagraphs import graph_step
+
+        graph_step(model)
+    elif compile:
         from eaglespec.runtime.compiled import compile_step
 
         compile_step(model, cache_dir=cache_root() / "inductor")
