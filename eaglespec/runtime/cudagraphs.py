@@ -71,6 +71,8 @@ class GraphedStep(CompiledStep):
         if storage != self._storage:  # another cache: the old graphs read memory that is no longer it
             self.graphs.clear()
             self._storage = storage
+            if self.capture:  # the old pool goes with its graphs (capturing into a released pool trips the allocator)
+                self._pool = torch.cuda.graph_pool_handle()
         key = (tuple(tokens.shape), tuple(cache_k.shape), cache_k.stride(), rows is None, want_logits)
         g = self.graphs.get(key)
         inputs = (tokens, cos, sin, rows, start, block)
