@@ -99,6 +99,8 @@ class CompiledStep:
 
     pads_batch = True
     """Run a batch of one on a cache of several rows as two rows (see ``__call__``)."""
+    what = "compiled step"
+    """How warnings name this step."""
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
@@ -162,9 +164,6 @@ class CompiledStep:
         write_block(cache.k, new_k, plan)
         write_block(cache.v, new_v, plan)
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
-
-    what = "compiled step"
-    """How warnings name this step."""
 
     @staticmethod
     def _prefix_slots(committed: int, max_len: int) -> int:
