@@ -69,6 +69,8 @@ def test_stale_slots_inside_the_bucket_are_masked(small_buckets):
             cache.v[:, :, :, 5:] = -1e3
             cache.lengths[0] = 5
             outs.append(model(tokens[:, 5:], torch.tensor([[5]]), cache, logits_at="all", eager=not graphed))
+    # (a first call that disagreed with the eager forward would have been dropped for it: ``disabled`` says so)
+    assert model.step_graph.disabled is None
     assert model.step_graph.graphs and next(iter(model.step_graph.graphs))[1][3] == 8  # read 8 slots, 5 committed
     err = ((outs[0].logits - outs[1].logits).norm() / outs[0].logits.norm()).item()
     assert err < 1e-5
