@@ -1,6 +1,7 @@
 # (Session 15's script; rows 1/4/5/6/8 here.) The model's 121 packed linears (30 layers' qkv/o/gate-up/down +
 # lm_head, random int4) with w4a8 builds given as torch.ops namespaces: "eaglespec" = the project's own, w4_chunk
-# and w4_il1 = this folder's variants (build.py builds NAME.cpp), alternating per round; outputs asserted equal.
+# and w4_il1 = this folder's variants (variants.py writes NAME.cpp, build.py builds it), alternating per round;
+# outputs asserted equal.
 # Usage: w4a8_ab.py ROUNDS NAME[,NAME...]
 import statistics, sys, time, torch
 sys.path.insert(0, __import__("os").path.dirname(__file__))
