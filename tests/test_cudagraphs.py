@@ -76,6 +76,17 @@ def test_stale_slots_inside_the_bucket_are_masked(small_buckets):
     assert err < 1e-5
 
 
+def test_the_least_recently_replayed_graphs_are_dropped_beyond_the_cap(small_buckets, monkeypatch):
+    monkeypatch.setattr(cudagraphs, "MAX_GRAPHS", 2)
+    target, _ = tiny_target("llama", seed=3)
+    pack_model(target.model, "int4", plan=KernelPlan(PACKED_ONLY))
+    eager = _generate(target)
+    step = graph_step(target.model, capture=False)
+    assert _generate(target) == eager  # 4-12 prompt tokens + 24 new ones: 3-5 buckets, never more than 2 graphs
+    assert len(step.graphs) == 2 and step.disabled is None
+    assert max(key[1][3] for key in step.graphs) == list(step.graphs)[-1][1][3]  # the latest bucket, replayed last
+
+
 def test_a_new_cache_drops_the_old_caches_graphs():
     target, _ = tiny_target("llama", seed=1)
     model = target.model

@@ -19,6 +19,7 @@ cache's storage, and a new cache (a larger batch or context) drops the graphs of
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -27,11 +28,16 @@ from torch import Tensor
 from eaglespec.runtime.compiled import CompiledStep, _step_graph
 from eaglespec.runtime.model import Transformer
 
-__all__ = ["GraphedStep", "PREFIX_BUCKET", "graph_step"]
+__all__ = ["GraphedStep", "MAX_GRAPHS", "PREFIX_BUCKET", "graph_step"]
 
 PREFIX_BUCKET = 128
 """Cache slots a graph reads, rounded up to a multiple of this: a 128-token answer to a short prompt crosses one
 or two buckets, and attending 127 masked slots costs a GPU next to nothing."""
+
+MAX_GRAPHS = 64
+"""Graphs kept at once, the least recently replayed dropped first. Each holds its static outputs (the logits of
+a batch of 8 verifying 17 tokens are 27 MB in float32), and a long context crosses many buckets at every batch
+size and tree size the dispatcher uses; a dropped graph is captured again if its shape comes back."""
 
 
 @dataclass
@@ -57,7 +63,7 @@ class GraphedStep(CompiledStep):
         self.capture = capture
         self._checked: set[tuple] = set()
         self.disabled: str | None = None
-        self.graphs: dict[tuple, _Graph] = {}
+        self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently replayed first
         self._storage: tuple[int, int] | None = None  # the cache the graphs read
         self._pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all graphs
 
@@ -77,7 +83,11 @@ class GraphedStep(CompiledStep):
         g = self.graphs.get(key)
         inputs = (tokens, cos, sin, rows, start, block)
         if g is None:
+            while len(self.graphs) >= MAX_GRAPHS:
+                self.graphs.popitem(last=False)
             g = self.graphs[key] = self._capture(inputs, cache_k, cache_v, want_logits)
+        else:
+            self.graphs.move_to_end(key)
         for static, new in zip(g.inputs, inputs):
             if static is not None:
                 static.copy_(new)
