@@ -1,4 +1,4 @@
-# Writes the two w4a8 variants this session timed (w4a8_ab.py), next to this script for build.py, each the
+# Writes the two w4a8 variants this session timed (session 15's w4a8_ab.py with VARIANTS_DIR = this folder), each the
 # project's kernel at BASE with one change and its ops registered under its own torch.ops namespace:
 #   w4_chunk: from 5 rows, a tile's rows summed in two chunks of at most 4 (two chains a row, as at 4 rows) over the
 #             same unpacked weights, so the integer accumulators never outnumber the 32 vector registers;

@@ -11,8 +11,9 @@ from eaglespec.runtime.cpu_kernels import _FLAGS
 HERE = Path(__file__).resolve().parent
 
 
-def build(name):
+def build(name, src_dir=HERE):
+    """``src_dir``: the folder holding NAME.cpp (this one unless a later session's script says otherwise)."""
     d = Path(tempfile.gettempdir()) / f"eaglespec_scratch_{name}"
     os.makedirs(d, exist_ok=True)
-    load(name=name, sources=[str(HERE / f"{name}.cpp")], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
+    load(name=name, sources=[str(Path(src_dir) / f"{name}.cpp")], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
          build_directory=str(d), is_python_module=False, verbose=False)

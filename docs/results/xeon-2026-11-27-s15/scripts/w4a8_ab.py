@@ -2,15 +2,18 @@
 # w4a8 builds given as torch.ops namespaces (variants.py writes them: w4_old = the session's starting kernel, w4_acc2 = two integer
 # accumulators a row; "eaglespec" = the project's own), alternating per round; outputs asserted equal.
 # Usage: w4a8_ab.py ROUNDS NAME[,NAME...]
-import statistics, sys, time, torch
-sys.path.insert(0, __import__("os").path.dirname(__file__))
-from build import build
+# (Session 19 ran it with ROWS=1,4,5,6,8 and VARIANTS_DIR=docs/results/epyc-2026-11-27-s19/scripts, the folder its
+# variants.py writes NAME.cpp into; both default to what session 15 ran.)
+import os, statistics, sys, time, torch
+sys.path.insert(0, os.path.dirname(__file__))
+from build import HERE, build
 from eaglespec.runtime import cpu_kernels, w4a8
 assert cpu_kernels.available()
 names = sys.argv[2].split(",")
+ROWS = [int(r) for r in os.environ.get("ROWS", "1,2,4,8").split(",")]
 for n in names:
     if n != "eaglespec":
-        build(n)
+        build(n, os.environ.get("VARIANTS_DIR", HERE))
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)
 shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
@@ -21,7 +24,7 @@ for n, k in shapes:
     off = -8 * sc
     ws.append(w4a8.pack(q, sc, off))
 res = {}
-for rows in (1, 2, 4, 8):
+for rows in ROWS:
     xs = [torch.randn(rows, k, generator=g) for _, k in shapes]
     outs = {}
     for n in names:
