@@ -104,9 +104,13 @@ class CompiledStep:
 
     def __init__(self, model: Transformer) -> None:
         self.model = model
-        self._graph = torch.compile(_step_graph, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
+        self._graph = self._make_graph()
         self._checked: set[tuple] = set()
         self.disabled: str | None = None  # why the graph was dropped for the eager path
+
+    def _make_graph(self):
+        """What ``_run`` calls (here: ``_step_graph`` compiled by inductor, dynamic shapes, C++ wrapper)."""
+        return torch.compile(_step_graph, dynamic=True, fullgraph=True, options={"cpp_wrapper": True})
 
     def handles(self, n_new: int, block_mask: Tensor | None, logits_at) -> bool:
         """Decode/verification forwards whose block is exactly the new tokens, with logits at all or none."""

@@ -45,7 +45,6 @@ class _Graph:
     graph: torch.cuda.CUDAGraph | None  # None: replayed by running the step on the static inputs (``capture=False``)
     inputs: tuple[Tensor | None, ...]  # static tokens, cos, sin, rows, start, block
     outputs: tuple[Tensor | None, ...]  # static hidden, states, logits, new keys, new values
-    want_logits: bool
 
 
 class GraphedStep(CompiledStep):
@@ -59,13 +58,14 @@ class GraphedStep(CompiledStep):
     what = "CUDA graph step"
 
     def __init__(self, model: Transformer, capture: bool = True) -> None:
-        self.model = model
         self.capture = capture
-        self._checked: set[tuple] = set()
-        self.disabled: str | None = None
         self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # least recently replayed first
         self._storage: tuple[int, int] | None = None  # the cache the graphs read
         self._pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all graphs
+        super().__init__(model)
+
+    def _make_graph(self) -> None:
+        return None  # graphs are captured per shape class (``_capture``), not compiled
 
     @staticmethod
     def _prefix_slots(committed: int, max_len: int) -> int:
@@ -105,7 +105,7 @@ class GraphedStep(CompiledStep):
     def _capture(self, inputs: tuple[Tensor | None, ...], cache_k: Tensor, cache_v: Tensor, want_logits: bool) -> _Graph:
         static = tuple(None if t is None else t.clone() for t in inputs)
         if not self.capture:
-            return _Graph(None, static, (), want_logits)
+            return _Graph(None, static, ())
         # Warm up on a side stream first (lazy library initialisation must not happen during the capture).
         side = torch.cuda.Stream(device=cache_k.device)
         side.wait_stream(torch.cuda.current_stream(cache_k.device))
@@ -115,7 +115,7 @@ class GraphedStep(CompiledStep):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = self._step(static, cache_k, cache_v, want_logits)
-        return _Graph(graph, static, outputs, want_logits)
+        return _Graph(graph, static, outputs)
 
 
 def graph_step(model: Transformer, capture: bool = True) -> GraphedStep:
