@@ -1011,15 +1011,15 @@ def test_a_look_back_probe_scores_the_guesses_a_chain_would_have_drafted(monkeyp
     # decode step s commits out[s + 1]; the probe at step 5 scores the 5 pairs recorded so far (pair j's guess
     # against the token of pair j + 1), the latest 3 of them: j = 1, 2, 3
     window = range(1, 4)
-    ids = head.to_target_ids
+    drawn = []
 
-    def perfect(x):  # the look-back's guesses [B, K] answered like a head that is always right
-        if x.dim() != 2:  # drafting's children [B, nodes, k]
-            return ids(x)
-        scored.append(ids(x))  # the random head's own guesses
-        return torch.tensor([[out[r][j + 2] for j in window] for r in (0, 1)])
+    def perfect(logits, temperature, x, p_x):  # the look-back's chances [B, K], answered like an always-right head
+        assert (temperature == 0).all() and (p_x == 1).all()  # greedy drafts, greedy target
+        scored.append(head.to_target_ids(logits.argmax(dim=-1)))  # the random head's own guesses
+        drawn.append(x)
+        return torch.ones_like(p_x)
 
-    head.to_target_ids = perfect
+    monkeypatch.setattr(prop, "one_token_acceptance", perfect)
     labels = []
     propose = lazy.propose
     lazy.propose = lambda *a, **k: (propose(*a, **k), labels.append(lazy.step_label))[0]
@@ -1028,7 +1028,83 @@ def test_a_look_back_probe_scores_the_guesses_a_chain_would_have_drafted(monkeyp
     rows, hits, tries = seen[0]
     assert rows == [0, 1] and tries == [3, 3] and hits == [3, 3]
     assert scored[0].tolist() == [[guesses[r][j] for j in window] for r in (0, 1)]
+    # scored against the tokens the target committed next, in draft ids
+    assert drawn[0].tolist() == lazy._target_to_draft()[torch.tensor([[out[r][j + 2] for j in window]
+                                                                      for r in (0, 1)])].tolist()
     assert labels[:6] == ["none"] * 6 and labels[6] == "chain1"  # paused until the probe, drafting right after
+
+
+def test_a_sampled_look_back_probe_scores_the_chances_a_sampled_chain_would_have_had(monkeypatch):
+    """At T=1 a paused batch's probe looks back too, instead of drafting: at each of the latest recorded pairs
+    the chance that a child drawn from the head's q would have been accepted, min(1, q(x) / p(x)) of the token x
+    the target drew at the next step with probability p(x), read here off a drafter that encodes every pair at
+    its step (max_lag=0) and the target's distribution at each step. The probe's step stays plain, so a run that
+    the estimate keeps paused samples exactly what vanilla decoding samples."""
+    import torch
+
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec import dispatch
+    from eaglespec.spec import proposer as prop
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    head = make_head(target, "eagle3")
+    reqs = [Request(tiny_tokenizer().encode(p), GenerationConfig(16, SamplingParams(temperature=1.0, seed=5 + i),
+                                                                 ignore_eos=True)) for i, p in enumerate(PROMPTS[:2])]
+
+    def run(proposer):
+        with torch.inference_mode():
+            return [c.token_ids for c in Engine(target, proposer, max_batch_size=2).generate(reqs)]
+
+    # the oracle never drafts, and proposes from the same candidates (the engine draws as many uniforms a step,
+    # so that both runs sample the same tokens while they do not draft)
+    never = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.0,) * 8),
+                               repick_every=1, probe_every=10_000, max_probe_every=10_000)
+    never.pools[True] = AcceptanceTracker(prior=(0.0,) * 8)
+    oracle = prop.EagleProposer(head, never, max_lag=0)  # every pair encoded at its step: last_h is current
+    q_after, p_bonus = {0: [], 1: []}, {0: [], 1: []}  # row -> per decode step: q from its pair, p(its bonus)
+    commit = oracle.commit
+
+    def record(rows, tree, verdict, out, **k):
+        commit(rows, tree, verdict, out, **k)
+        q = torch.softmax(head.logits(oracle.last_h[rows][:, None])[:, 0].float(), -1)  # [B, V'] at T = 1
+        for b, r in enumerate(rows.tolist()):
+            q_after[r].append(q[b])
+            p_bonus[r].append(float(verdict.bonus_p[b]))
+
+    oracle.commit = record
+    out = run(oracle)
+    assert never.last.label == "none" and len(q_after[0]) == 15  # 15 plain decode steps after the prefill's token
+
+    monkeypatch.setattr(prop, "LOOK_BACK", 3)
+    monkeypatch.setattr(dispatch, "PROBE_COST_STEPS", 0.0)
+    d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
+                           repick_every=1, probe_every=6, max_probe_every=6)
+    d.pools[True] = AcceptanceTracker(prior=(0.16,) * 8)  # sampled requests start from their own pool
+    seen = []
+    observe = d.observe_look_back
+    d.observe_look_back = lambda rows, hits, tries: seen.append((list(rows), list(hits), list(tries))) or \
+        observe(rows, hits, tries)
+    lazy = prop.EagleProposer(head, d)
+    labels = []
+    propose = lazy.propose
+    lazy.propose = lambda *a, **k: (propose(*a, **k), labels.append(lazy.step_label))[0]
+    got = run(lazy)
+    # the probe at step 5 scores pairs j = 1, 2, 3: pair j's q against the token of step j + 1 (out[j + 2])
+    t2d = lazy._target_to_draft()
+    want = [sum(min(1.0, float(q_after[r][j][t2d[out[r][j + 2]]]) / p_bonus[r][j + 1]) if t2d[out[r][j + 2]] >= 0
+                else 0.0 for j in range(1, 4)) for r in (0, 1)]
+    assert seen, labels
+    rows, hits, tries = seen[0]
+    assert rows == [0, 1] and tries == [3, 3]
+    assert hits == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert 0 < min(want) and max(want) < 3  # neither a sure hit nor a sure miss: q and p both count
+    assert "chain1" not in labels[:6]  # the probe (step 5) drafted nothing
+    first = labels.index("chain1") if "chain1" in labels else len(labels)
+    assert all(a[:first + 1] == b[:first + 1] for a, b in zip(got, out))  # vanilla's tokens until drafting
 
 
 def test_a_look_back_weighs_as_many_verifications_of_depth_one():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eaglespec.config import ConfigError, SamplingParams
-from eaglespec.spec.sampling import draw_uniforms, process_logits, sample_from_probs
+from eaglespec.spec.sampling import draw_uniforms, one_token_acceptance, process_logits, sample_from_probs
 from stats import P_VALUE_MIN, chi2_sf_wilson_hilferty, chi_square
 
 def test_chi2_fallback_matches_scipy():
@@ -169,3 +169,58 @@ def test_draw_uniforms_per_row_streams_do_not_depend_on_the_batch():
     assert torch.equal(batch[1], alone[0])
     assert ((batch >= 0) & (batch < 1)).all()
     assert draw_uniforms([], 4, "cpu").shape == (0, 4)
+
+
+# ------------------------------------------------------------------------------------- one_token_acceptance
+
+
+def _every_token_mean(logits, temperature, p, draft_of):
+    """E_{x ~ p}[one_token_acceptance(...)] computed exactly: the estimate at every target token x, weighted by
+    p(x). logits [R, V'], temperature [R], p [R, V], draft_of [V] (the draft id of each target id, -1 = none)."""
+    R, V = p.shape
+    x = draft_of.expand(R, V)  # [R, V]
+    est = one_token_acceptance(logits[:, None].expand(R, V, -1), temperature[:, None].expand(R, V), x, p)  # [R, V]
+    return (p * est).sum(dim=1)  # [R]
+
+
+def test_one_token_acceptance_is_unbiased_for_what_verification_accepts():
+    """Its mean over the target's token x ~ p is the chance verification accepts a one-token draft: sum min(p, q)
+    for a child drawn from q = softmax(logits / t), p(argmax) for the head's top-1 at t = 0; a draft vocabulary
+    smaller than the target's (ids outside it never drafted) included."""
+    g = torch.Generator().manual_seed(11)
+    R, V = 64, 12
+    p = torch.softmax(2 * torch.randn(R, V, generator=g), -1)
+    p[:8, 5] = 0.0  # tokens the target's filters removed
+    p = p / p.sum(-1, keepdim=True)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.6]).repeat(R // 4)
+    for draft_of in (torch.arange(V), torch.tensor([0, -1, 1, 2, -1, 3, 4, 5, 6, -1, 7, 8])):
+        draft_ids = (draft_of >= 0).nonzero()[:, 0]  # [V'] the target id of each draft id
+        logits = 3 * torch.randn(R, draft_ids.numel(), generator=g)  # [R, V']
+        q = torch.zeros(R, V)
+        q[:, draft_ids] = torch.softmax(logits / torch.where(temperature > 0, temperature, 1.0)[:, None], -1)
+        top1 = p.gather(1, draft_ids[logits.argmax(-1)][:, None])[:, 0]
+        want = torch.where(temperature > 0, torch.minimum(p, q).sum(-1), top1)
+        torch.testing.assert_close(_every_token_mean(logits, temperature, p, draft_of), want, rtol=1e-5, atol=1e-6)
+
+
+def test_one_token_acceptance_matches_the_verifiers_acceptance_rate():
+    """Drawn x ~ p and a child drawn from q and verified (``verify_sampling``): the estimate's mean and the
+    acceptance rate agree within sampling noise (tying the estimate to the rule verification applies)."""
+    from eaglespec.spec.tree import DraftTree
+    from eaglespec.spec.verify import verify_sampling
+
+    g = torch.Generator().manual_seed(12)
+    n, V = 200_000, 6
+    p = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    logits = torch.tensor([0.2, 1.5, 0.1, -0.5, 0.9, 0.0])
+    q = torch.softmax(logits, -1)
+    child = sample_from_probs(q.expand(n, -1), torch.rand(n, generator=g))  # [n]
+    tree = DraftTree(torch.stack([torch.zeros(n, dtype=torch.long), child], 1), torch.tensor([[-1, 0]]).expand(n, 2),
+                     torch.tensor([[0, 1]]).expand(n, 2), torch.ones(n, 2, dtype=torch.bool), torch.zeros(n, 2),
+                     torch.stack([q.expand(n, -1), q.expand(n, -1)], 1))
+    v = verify_sampling(tree, p.expand(n, 2, -1), torch.rand(n, 2, generator=g), torch.rand(n, generator=g), True)
+    rate = v.n_accepted.float().mean().item()
+    x = sample_from_probs(p.expand(n, -1), torch.rand(n, generator=g))  # the target's own draws
+    est = one_token_acceptance(logits.expand(n, -1), torch.ones(n), x, p[x]).mean().item()
+    exact = torch.minimum(p, q).sum().item()
+    assert abs(rate - exact) < 0.005 and abs(est - exact) < 0.005, (rate, est, exact)

@@ -375,3 +375,22 @@ def test_verdict_fields():
     v = Verdict(path=torch.zeros(1, 1, dtype=torch.long), n_accepted=torch.zeros(1, dtype=torch.long),
                 bonus=torch.zeros(1, dtype=torch.long))
     assert v.path.shape == (1, 1)
+
+
+def test_bonus_p_is_the_probability_the_bonus_was_drawn_with():
+    """A one-node (paused) step: p(bonus) under the target's distribution; after a rejected candidate: under the
+    residual it was drawn from; greedy verdicts carry none."""
+    g = torch.Generator().manual_seed(13)
+    B, V = 40, 7
+    probs = torch.softmax(torch.randn(B, 2, V, generator=g), -1)
+    root = verify_sampling(make_tree(torch.zeros(B, 1), [-1]), probs[:, :1], torch.rand(B, 1, generator=g),
+                           torch.rand(B, generator=g), False)
+    torch.testing.assert_close(root.bonus_p, probs[:, 0].gather(1, root.bonus[:, None])[:, 0])
+    x = probs[:, 0].argmin(-1)  # a deterministic candidate with u = 1 - eps: always rejected
+    v = verify_sampling(make_tree(torch.stack([torch.zeros(B, dtype=torch.long), x], 1), [-1, 0]), probs,
+                        torch.full((B, 2), 1 - 1e-7), torch.rand(B, generator=g), False)
+    assert (v.n_accepted == 0).all() and (v.bonus != x).all()
+    p0 = probs[:, 0]
+    want = p0.gather(1, v.bonus[:, None])[:, 0] / (1 - p0.gather(1, x[:, None])[:, 0])
+    torch.testing.assert_close(v.bonus_p, want)
+    assert verify_greedy(make_tree(torch.zeros(B, 1), [-1]), probs[:, :1]).bonus_p is None

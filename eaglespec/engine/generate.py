@@ -332,11 +332,14 @@ class Engine:
         path = torch.full((B, D), -1, dtype=torch.long, device=logits.device)
         n_acc = torch.zeros(B, dtype=torch.long, device=logits.device)
         bonus = torch.zeros(B, dtype=torch.long, device=logits.device)
+        bonus_p = torch.ones(B, dtype=torch.float32, device=logits.device)  # greedy rows: drawn with probability 1
         for idx, v in parts.items():
             sel = torch.tensor(idx, device=logits.device)
             path[sel, : v.path.shape[1]] = v.path
             n_acc[sel], bonus[sel] = v.n_accepted, v.bonus
-        return Verdict(path=path, n_accepted=n_acc, bonus=bonus)
+            if v.bonus_p is not None:
+                bonus_p[sel] = v.bonus_p
+        return Verdict(path=path, n_accepted=n_acc, bonus=bonus, bonus_p=bonus_p)
 
     def _verify_group(self, seqs: list[_Sequence], tree: DraftTree, logits: torch.Tensor) -> Verdict:
         p = seqs[0].request.config.sampling

@@ -12,15 +12,17 @@ per-request acceptance (``costmodel.py`` has the formulas).
   what the probe saw, so acceptance that recovers is seen again; each probe after which drafting still does
   not pay doubles the wait (up to ``max_probe_every``); a request alone in the batch starts the waits over (it
   starts from the pooled acceptance of the requests before it, which may have paused for reasons of their
-  own). A probe LOOKS BACK when the proposer can (``pick(..., look_back=True)``: greedy drafts and lazily
-  recorded paused pairs): the step stays plain, the proposer catches its draft cache up over the recorded
-  pairs and scores the head's top-1 guess at each of the latest of them against the token the target
-  committed next (``observe_look_back``): depth-1 acceptance at up to 32 positions for the price of a
-  catch-up, which resuming drafting needs anyway. (A
-  guess matches a target's SAMPLED token with probability p(guess), the chance a one-token draft of it is
-  accepted, so the count is unbiased at any temperature.) Otherwise the probe drafts the cheapest candidate
-  for ``probe_steps`` steps in a row: drafting at a chain that loses, 1.4-1.6x a plain step each, which with
-  the catch-up cost 2-3% of a paused run at T=1 on a 2-core Xeon (2026-11-26).
+  own). A probe LOOKS BACK when the proposer can (``pick(..., look_back=True)``: lazily recorded paused
+  pairs): the step stays plain, the proposer catches its draft cache up over the recorded pairs and scores,
+  at each of the latest of them, the chance that the root child a chain of 1 would have drafted there was
+  accepted, from the token the target drew next (``observe_look_back``): depth-1 acceptance at up to 32
+  positions for the price of a catch-up, which resuming drafting needs anyway. (Greedy drafts: the hit of
+  the head's top-1 guess g, whose chance p(g) is also what a sampled target accepts it with. Drafts drawn at
+  a temperature from q: min(1, q(x) / p(x)) of the target's token x ~ p, whose mean is sum min(p, q), the
+  acceptance of a sampled one-token draft: ``sampling.one_token_acceptance``.) Otherwise (a proposer that
+  records no pairs) the probe drafts the cheapest candidate for ``probe_steps`` steps in a row: drafting at a
+  chain that loses, 1.4-1.6x a plain step each, which with the catch-up cost 2-3% of a paused run at T=1 on a
+  2-core Xeon (2026-11-26), before sampled requests looked back too.
   (The proposer records the pairs of paused steps and catches its draft cache up in one forward when
   drafting resumes or a probe looks back: ``proposer.py``.)
 * ``last`` holds the latest choice (a ``costmodel.Choice``: label, predicted speedup, expected tokens, step
@@ -126,9 +128,10 @@ class AdaptiveDispatcher:
                 else:
                     t.update_shape(cfg.label, k + 1.0)
 
-    def observe_look_back(self, rows: Sequence[int], hits: Sequence[int], tries: Sequence[int]) -> None:
-        """A look-back probe's evidence: per row, the head's top-1 guess matched the target's next token ``hits``
-        times in ``tries`` paused steps (depth-1 verifications that were never run)."""
+    def observe_look_back(self, rows: Sequence[int], hits: Sequence[float], tries: Sequence[int]) -> None:
+        """A look-back probe's evidence: per row, ``tries`` paused steps (depth-1 verifications that were never
+        run) and ``hits`` the summed chance that each would have been accepted (for greedy drafts the count of
+        steps whose top-1 guess was the target's next token)."""
         self._observed += 1
         for r, h, n in zip(rows, hits, tries):
             if n:

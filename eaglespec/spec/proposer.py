@@ -24,9 +24,11 @@ pairs are lazy too (with ``max_lag > 0``): ``prefill`` keeps them, and the first
 the row's recorded pairs, in the same forward; a request that never drafts never runs the head.
 
 A look-back probe (the dispatcher's, while paused) is a catch-up that also scores the head on the recorded
-pairs: the output of pair j, (f_root_j, bonus_j), is what a chain would have drafted from at step j + 1, and
-its top-1 guess is accepted there exactly when it equals bonus_{j+1}, the token the target committed (under
-sampling, the committed token equals the guess with the probability that verification would accept it).
+pairs: the output of pair j, (f_root_j, bonus_j), is what a chain would have drafted from at step j + 1. A
+top-1 guess is accepted there exactly when it equals bonus_{j+1}, the token the target committed (under
+sampling, the committed token equals the guess with the probability that verification would accept it); a
+child drawn at a temperature from q is accepted with probability sum_x min(p(x), q(x)), whose unbiased
+estimate from the drawn bonus x ~ p is min(1, q(x) / p(x)): paused steps record p(bonus) for it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from eaglespec.runtime.kvcache import HostRows
 from eaglespec.runtime.logits import argmax
 from eaglespec.spec.costmodel import Choice
 from eaglespec.spec.heads import DraftHead
+from eaglespec.spec.sampling import one_token_acceptance
 from eaglespec.spec.strategies import Chain, TreeDispatcher, TreeStrategy
 from eaglespec.spec.tree import DraftTree, expand_static
 
@@ -131,14 +134,16 @@ class EagleProposer:
         # each step); C grows by doubling from LAG_CHUNK up to max_lag as the paused stretch lengthens
         self._lag_feat: Tensor | None = None
         self._lag_tok: Tensor | None = None
+        self._lag_p: Tensor | None = None  # float32 [max_batch, C]: the probability each bonus was drawn with
         self._lag_n: Tensor | None = None  # int64 [max_batch] recorded pairs per row
         self._lag_bound = 0  # host-side bound of _lag_n over the active rows: paused steps since the catch-up
         # host copy of _lag_n's non-zero entries (row -> pairs), kept while every step comes with host rows;
         # None once one did not (the device counts are then the only ones)
         self._lag_host: dict[int, int] | None = {}
-        # recorded steps not yet in the buffer (``_record_paused``): per step (feature [B, 1, F], bonus [B]) of the
+        # recorded steps not yet in the buffer (``_record_paused``): per step (feature [B, 1, F], bonus [B], its
+        # probability [B] or None for greedy steps) of the
         # contiguous rows _lag_run_rows, all lagging alike, the first at slot _lag_run_start
-        self._lag_run: list[tuple[Tensor, Tensor]] = []
+        self._lag_run: list[tuple[Tensor, Tensor, Tensor | None]] = []
         self._lag_run_rows: tuple[int, ...] = ()
         self._lag_run_start = 0
         # row -> its prompt's pairs, not encoded yet (max_lag > 0): target features [P, F] and next tokens [P]
@@ -155,7 +160,7 @@ class EagleProposer:
         self.cache = self.head.new_cache(max_batch, max_len + self._draft_slack + self.max_lag)
         self.last_h = torch.zeros(max_batch, self.head.config.hidden_size, dtype=self.head.dtype,
                                   device=self.head.device)
-        self._lag_feat = self._lag_tok = None  # allocated by the first paused step
+        self._lag_feat = self._lag_tok = self._lag_p = None  # allocated by the first paused step
         self._lag_n = torch.zeros(max_batch, dtype=torch.long, device=self.head.device)
         self._lag_bound = 0
         self._lag_host = {}
@@ -226,10 +231,8 @@ class EagleProposer:
         sampling = any(t > 0 for t in temps)  # some row draws its children at a temperature
         if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
-            # a probe may look back over the recorded pairs instead of drafting (top-k drafts only: a sampled
-            # child is accepted with another probability than the top-1 guess the look-back scores)
-            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=not sampling and self.max_lag > 0,
-                                       budget=budget)
+            # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
+            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=self.max_lag > 0, budget=budget)
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
@@ -264,7 +267,7 @@ class EagleProposer:
         if hasattr(self.dispatcher, "observe"):
             self.dispatcher.observe(list(d.host.rows) if d.host else rows.tolist(), self._cfg, host_k)
         if not self._cfg.drafts and self.max_lag > 0:
-            self._record_paused(rows, verdict.bonus, out)
+            self._record_paused(rows, verdict.bonus, getattr(verdict, "bonus_p", None), out)
             return
         if tree.chain and d.host is not None and (self.alignment == "stable" or d.node_slot is None):
             self._commit_chain(rows, tree, verdict, out, host_k)
@@ -349,9 +352,10 @@ class EagleProposer:
         self._flush_lag_run()
         return self.cache.lengths[rows] + self._prompt_n[rows] + self._lag_n[rows]
 
-    def _record_paused(self, rows: Tensor, bonus: Tensor, out) -> None:
+    def _record_paused(self, rows: Tensor, bonus: Tensor, bonus_p: Tensor | None, out) -> None:
         """A plain step's pair per row, (f_root, bonus) at the row's next draft position, recorded for the
-        catch-up instead of encoded (rows [B], bonus [B]; ``out`` over the one-node trees).
+        catch-up instead of encoded (rows [B], bonus [B]; ``out`` over the one-node trees), with the probability
+        the bonus was drawn with (bonus_p [B]; None: greedy, 1) for a look-back probe's sampled estimate.
 
         A contiguous batch whose rows lag alike (every batch of 1) keeps the step's feature and bonus tensors as
         they are, in a run written to the buffer in one copy when something reads it (``_flush_lag_run``): no
@@ -366,7 +370,7 @@ class EagleProposer:
                     self._flush_lag_run()
                 if not run:
                     self._lag_run_rows, self._lag_run_start = host.rows, slots[0]
-                run.append((self.head.target_feature(out), bonus))  # [B, 1, F], [B]: this step's own tensors
+                run.append((self.head.target_feature(out), bonus, bonus_p))  # [B, 1, F], [B], [B]: this step's own
                 for r in host.rows:
                     lag[r] = slots[0] + 1
                 self._lag_bound += 1
@@ -386,6 +390,8 @@ class EagleProposer:
         flat = rows * self._lag_feat.shape[1] + slot  # [B]
         self._lag_feat.view(-1, f.shape[-1]).index_copy_(0, flat, f.to(self._lag_feat.dtype))
         self._lag_tok.view(-1).index_copy_(0, flat, bonus)
+        self._lag_p.view(-1).index_copy_(0, flat, torch.ones_like(bonus, dtype=torch.float32) if bonus_p is None
+                                         else bonus_p.float())
         self._lag_n.index_copy_(0, rows, slot + 1)
         self._lag_bound += 1
 
@@ -397,9 +403,10 @@ class EagleProposer:
         n, grown = self._lag_n.shape[0], min(self.max_lag, max(LAG_CHUNK, 2 * cap, need))
         feat = torch.zeros(n, grown, self.head.config.feature_size, dtype=self.head.dtype, device=self.head.device)
         tok = torch.zeros(n, grown, dtype=torch.long, device=self.head.device)
+        prob = torch.ones(n, grown, dtype=torch.float32, device=self.head.device)
         if cap:
-            feat[:, :cap], tok[:, :cap] = self._lag_feat, self._lag_tok
-        self._lag_feat, self._lag_tok = feat, tok
+            feat[:, :cap], tok[:, :cap], prob[:, :cap] = self._lag_feat, self._lag_tok, self._lag_p
+        self._lag_feat, self._lag_tok, self._lag_p = feat, tok, prob
 
     def _flush_lag_run(self) -> None:
         """Write the run of recorded steps (``_record_paused``) into the buffer: one copy for all its steps."""
@@ -409,8 +416,13 @@ class EagleProposer:
         rows, n0, T = self._lag_run_rows, self._lag_run_start, len(run)
         r0, B = rows[0], len(rows)
         self._lag_room(n0 + T)
-        self._lag_feat[r0:r0 + B, n0:n0 + T] = torch.cat([f for f, _ in run], dim=1)  # [B, T, F]
-        self._lag_tok[r0:r0 + B, n0:n0 + T] = torch.stack([b for _, b in run], dim=1)  # [B, T]
+        self._lag_feat[r0:r0 + B, n0:n0 + T] = torch.cat([f for f, _, _ in run], dim=1)  # [B, T, F]
+        self._lag_tok[r0:r0 + B, n0:n0 + T] = torch.stack([b for _, b, _ in run], dim=1)  # [B, T]
+        if all(p is None for _, _, p in run):  # greedy steps: drawn with probability 1
+            self._lag_p[r0:r0 + B, n0:n0 + T] = 1.0
+        else:
+            self._lag_p[r0:r0 + B, n0:n0 + T] = torch.stack(
+                [p.float() if p is not None else torch.ones_like(b, dtype=torch.float32) for _, b, p in run], dim=1)
         self._lag_n[r0:r0 + B] += T
         run.clear()
 
@@ -462,23 +474,38 @@ class EagleProposer:
 
     def _look_back(self, ids: Sequence[int], scored: Sequence[tuple[Tensor, Tensor, Tensor, Tensor]]
                    ) -> None:
-        """A look-back probe: over the latest LOOK_BACK recorded pairs of each row, does the head's top-1 guess
-        from pair j's output (the root child a chain would have drafted at the next step) equal the token the
-        target committed next (pair j + 1's)? Hit and try counts per row go to the dispatcher.
+        """A look-back probe: over the latest LOOK_BACK recorded pairs of each row, would the root child a chain
+        of 1 drafts from pair j's output have been accepted at the next step, whose token (pair j + 1's) the
+        target drew itself? Each pair counts its chance (``sampling.one_token_acceptance``: the hit of the
+        head's top-1 guess for a row drafting top-k, min(1, q/p) of the drawn token for a row drafting at a
+        temperature), unbiased for the depth-1 acceptance a probe that drafted would have measured, at a
+        catch-up's price. Summed chances and tries per row go to the dispatcher.
         scored: per catch-up forward, its rows [B'], outputs [B', T', H], the index of each row's first recorded
         pair in them [B'] and its recorded pairs [B'] (the last pair's next token is not known yet)."""
-        hits = dict.fromkeys(ids, 0)  # cache row -> count (``rows`` holds the same row ids on the device)
+        hits = dict.fromkeys(ids, 0.0)  # cache row -> summed chance (``rows`` holds the same row ids on the device)
         tries = dict.fromkeys(ids, 0)
         for sel, o, first, n in scored:
             j = (n - 1 - LOOK_BACK)[:, None] + torch.arange(LOOK_BACK, device=o.device)[None, :]  # [B', K] pairs
             ok = j >= 0  # pair j scored against pair j + 1's token: j <= n - 2
             j = j.clamp(min=0)
             h = o.gather(1, (first[:, None] + j)[:, :, None].expand(-1, -1, o.shape[-1]))  # [B', K, H]
-            guess = self.head.to_target_ids(self.head.logits(h).argmax(dim=-1))  # [B', K]
-            hit = ((guess == self._lag_tok[sel[:, None], j + 1]) & ok).sum(dim=1)  # [B']
-            for r, k, m in zip(sel.tolist(), hit.tolist(), ok.sum(dim=1).tolist()):
-                hits[r], tries[r] = k, m
+            rows = sel.tolist()
+            temps = torch.tensor([self._row_temperature.get(r, self.draft_temperature or 0.0) for r in rows],
+                                 dtype=torch.float32, device=o.device)  # [B']
+            x = self._target_to_draft()[self._lag_tok[sel[:, None], j + 1]]  # [B', K] the drawn tokens, draft ids
+            chance = one_token_acceptance(self.head.logits(h).float(), temps[:, None].expand_as(x), x,
+                                          self._lag_p[sel[:, None], j + 1])  # [B', K]
+            for r, c, m in zip(rows, (chance * ok).sum(dim=1).tolist(), ok.sum(dim=1).tolist()):
+                hits[r], tries[r] = c, m
         self.dispatcher.observe_look_back(list(ids), [hits[r] for r in ids], [tries[r] for r in ids])
+
+    def _target_to_draft(self) -> Tensor:
+        """Draft id of every target id [V] (-1: outside the draft vocabulary)."""
+        if getattr(self, "_t2d_ids", None) is None or self._t2d_ids.device != self.head.device:
+            d2t = self._draft_to_target()
+            t2d = torch.full((self.head.config.vocab_size,), -1, dtype=torch.long, device=d2t.device)
+            self._t2d_ids = t2d.index_copy_(0, d2t, torch.arange(d2t.numel(), device=d2t.device))
+        return self._t2d_ids
 
     def _encode(self, rows: Tensor, feats: Tensor, toks: Tensor, n: Tensor) -> Tensor:
         """Append pairs (target features feats [B, T, F], next tokens toks [B, T]) to the draft cache rows

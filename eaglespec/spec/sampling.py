@@ -85,3 +85,27 @@ def draw_uniforms(generators: Sequence[torch.Generator], n: int, device: torch.d
     if len(generators) == 0:
         return torch.empty(0, n, device=device)
     return torch.stack([torch.rand(n, generator=g, device=device) for g in generators])  # [B, n]
+
+
+def one_token_acceptance(draft_logits: torch.Tensor, temperature: torch.Tensor, x: torch.Tensor,
+                         p_x: torch.Tensor) -> torch.Tensor:
+    """The chance that a one-token draft would have been accepted, estimated without verifying it, from the
+    token x the target drew instead (a paused step's): float32 [...], unbiased over x ~ p.
+
+    draft_logits [..., V'] the head's logits where the draft would have been drawn; temperature [...] the
+    temperature it would have been drawn at (0: the head's argmax g is proposed); x int64 [...] the target's
+    token in draft-vocabulary ids (-1: outside the draft vocabulary, which no draft proposes); p_x [...] the
+    probability x had in the target's (processed) distribution p.
+
+    - temperature 0: g is accepted iff u < p(g) (``verify_sampling``'s deterministic rule, and greedy's when p
+      is one-hot), so P(accept) = p(g) = E_{x~p}[x == g]: the estimate is the hit x == g.
+    - temperature t > 0: x' ~ q = softmax(logits / t) is accepted with min(1, p(x') / q(x')), so P(accept) =
+      sum_x min(p(x), q(x)) = E_{x~p}[min(1, q(x) / p(x))]: the estimate is min(1, q(x) / p(x)).
+    """
+    t = temperature.to(draft_logits.dtype)[..., None]  # [..., 1]
+    logq = torch.log_softmax(draft_logits / torch.where(t > 0, t, 1.0), dim=-1)  # [..., V']
+    inside = x >= 0  # [...]
+    q_x = logq.gather(-1, x.clamp(min=0)[..., None]).squeeze(-1).exp() * inside  # [...]
+    sampled = (q_x / p_x.clamp_min(torch.finfo(torch.float32).tiny)).clamp(max=1.0)  # [...]
+    hit = (argmax(draft_logits) == x) & inside  # [...]
+    return torch.where(temperature > 0, sampled, hit.to(sampled.dtype)).float()

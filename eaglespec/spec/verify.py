@@ -39,6 +39,10 @@ class Verdict:
     path: torch.Tensor  # int64 [B, D+1]: accepted node indices, root (0) first, -1 padded
     n_accepted: torch.Tensor  # int64 [B]: accepted draft nodes (root excluded)
     bonus: torch.Tensor  # int64 [B]: next pending token (the target's token after the last accepted node)
+    bonus_p: torch.Tensor | None = None
+    """float32 [B]: the probability the bonus had in the distribution it was drawn from (sampling; 1 for greedy
+    rows of a mixed batch); None from ``verify_greedy``. At a one-node (paused) step, p(bonus) under the
+    target's distribution: what a look-back probe needs to score a sampled draft (``sampling.one_token_acceptance``)."""
 
 
 def verify_greedy(tree: DraftTree, target_logits: torch.Tensor, *, max_depth: int | None = None) -> Verdict:
@@ -161,7 +165,8 @@ def verify_sampling(
         )
 
     bonus = sample_from_probs(p, u_sample)  # [B]
-    return Verdict(path=path, n_accepted=n_accepted, bonus=bonus)
+    bonus_p = p.gather(1, bonus[:, None]).squeeze(1) / p.sum(dim=-1).clamp_min(_TINY)  # [B]
+    return Verdict(path=path, n_accepted=n_accepted, bonus=bonus, bonus_p=bonus_p)
 
 
 def _try_candidate(
