@@ -94,3 +94,84 @@ def test_logits_helpers_use_the_kernels_for_float32_cpu_rows_and_torch_otherwise
     approx = torch.nn.functional.linear(h.bfloat16(), wt.bfloat16()).float()
     cand = topk_indices(approx, 16)  # (bfloat16 scores tie: torch's topk may pick other tied indices)
     torch.testing.assert_close(got.gather(-1, cand), (h @ wt.T).gather(-1, cand), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ sample_rows
+
+
+def _torch_draw(probs, u):
+    """spec.sampling.sample_from_probs' torch rule on [B, V] rows (the kernel's reference)."""
+    cdf = probs.cumsum(-1)
+    positive = probs > 0
+    hit = positive & (cdf > u[:, None] * cdf[:, -1:])
+    ids = torch.arange(probs.shape[-1]).expand_as(probs)
+    first = torch.where(hit, ids, probs.shape[-1]).amin(-1)
+    return torch.where(first < probs.shape[-1], first, torch.where(positive, ids, -1).amax(-1).clamp_min(0))
+
+
+@pytest.mark.parametrize("v", [1, 7, 16, 17, 1000, 49152])
+@pytest.mark.parametrize("kind", ["softmax", "sparse", "unnormalised", "one_hot"])
+def test_sample_rows_draws_torchs_token(v, kind):
+    """The first positive token whose cumulative mass exceeds u * total, as torch computes it, for uniforms
+    that are not within rounding of a boundary (both sum in fixed but different orders)."""
+    g = torch.Generator().manual_seed(v + len(kind))
+    p = torch.softmax(3 * torch.randn(64, v, generator=g), -1)
+    if kind == "sparse":
+        p = p * (torch.rand(64, v, generator=g) < 0.3)
+        p[:, -1] = torch.where(p.sum(-1) == 0, 1.0, p[:, -1])  # at least one positive value a row
+    elif kind == "unnormalised":
+        p = p * 37.5
+    elif kind == "one_hot":
+        p = torch.zeros(64, v).scatter_(1, torch.randint(0, v, (64, 1), generator=g), 1.0)
+    u = torch.rand(64, generator=g)
+    got = torch.ops.eaglespec.sample_rows(p, u)
+    assert got.dtype == torch.long and got.shape == (64,)
+    assert (p.gather(1, got[:, None]) > 0).all()  # never a zero-probability token
+    cdf = p.double().cumsum(-1)
+    margin = ((cdf - u.double()[:, None] * cdf[:, -1:]).abs().amin(-1) > 1e-5 * cdf[:, -1])  # clear of boundaries
+    assert margin.sum() > 48
+    assert torch.equal(got[margin], _torch_draw(p, u)[margin])
+
+
+def test_sample_rows_edges_and_shapes():
+    p = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0, 2.0], [0.0] * 5])
+    assert torch.ops.eaglespec.sample_rows(p, torch.zeros(3)).tolist() == [1, 4, 0]  # u = 0: the first positive
+    top = torch.full((3,), 1.0 - 2 ** -24)  # just below 1: the last positive, never the zeros after it
+    assert torch.ops.eaglespec.sample_rows(p, top).tolist() == [3, 4, 0]
+    x = torch.softmax(torch.randn(2, 3, 40), -1)
+    u = torch.rand(2, 3)
+    assert torch.equal(torch.ops.eaglespec.sample_rows(x, u),
+                       torch.ops.eaglespec.sample_rows(x.reshape(6, 40), u.reshape(6)).reshape(2, 3))
+    with pytest.raises(RuntimeError, match="u must be shaped as probs"):
+        torch.ops.eaglespec.sample_rows(x, torch.rand(3))
+    with pytest.raises(RuntimeError, match="float32 uniforms only"):
+        torch.ops.eaglespec.sample_rows(x, u.double())
+
+
+def test_sample_rows_frequencies_match_the_probabilities():
+    from stats import P_VALUE_MIN, chi_square
+
+    g = torch.Generator().manual_seed(2)
+    probs = torch.tensor([0.05, 0.0, 0.3, 0.15, 0.0, 0.25, 0.2, 0.05] * 3) / 3  # 24 values: a partial block
+    n = 200_000
+    tokens = torch.ops.eaglespec.sample_rows(probs.expand(n, -1).contiguous(), torch.rand(n, generator=g))
+    stat, dof, p_value = chi_square(torch.bincount(tokens, minlength=24), probs / probs.sum())
+    assert p_value > P_VALUE_MIN, (stat, dof, p_value)
+
+
+def test_sample_from_probs_runs_the_kernel_where_it_is_loaded(monkeypatch):
+    from eaglespec.spec.sampling import sample_from_probs
+
+    calls = []
+    real = torch.ops.eaglespec.sample_rows
+
+    class Ops:
+        def sample_rows(self, p, u):
+            calls.append(p.shape)
+            return real(p, u)
+
+    monkeypatch.setattr(torch.ops, "eaglespec", Ops())
+    p = torch.softmax(torch.randn(3, 100), -1)
+    u = torch.rand(3)
+    assert torch.equal(sample_from_probs(p, u), real(p, u)) and calls == [(3, 100)]
+    assert sample_from_probs(p.double(), u.double()).shape == (3,) and len(calls) == 2  # cast to float32 first

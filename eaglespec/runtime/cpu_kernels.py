@@ -2,7 +2,7 @@
 
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
 result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call;
-``select.cpp``: argmax and top-k of vocabulary rows; ``layer_elementwise.cpp``: rotary and SwiGLU in one call
+``select.cpp``: argmax, top-k and inverse-CDF draws of vocabulary rows; ``layer_elementwise.cpp``: rotary and SwiGLU in one call
 each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They need AVX-512 with VNNI
 on x86-64 Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles them into one
 library under the cache directory the first time (~20 s), and later processes load it (a changed source,
@@ -120,6 +120,7 @@ def _register_fakes() -> None:
     register("silu_mul", lambda gate, up: gate.new_empty(gate.shape))
     register("argmax_rows", lambda x: x.new_empty(x.shape[:-1], dtype=torch.long))
     register("topk_rows", lambda x, k: x.new_empty((*x.shape[:-1], k), dtype=torch.long))
+    register("sample_rows", lambda probs, u: u.new_empty(u.shape, dtype=torch.long))
 
 
 def available(cache_dir: str | Path | None = None) -> bool:

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.logits import argmax
 
 
@@ -61,12 +62,17 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Returns, per row, the first token whose cumulative mass exceeds u * total mass. Deterministic given u.
     A token with probability 0 is never returned: only positive-probability tokens are candidates, and a u
     at (or rounding up to) the top of the CDF falls back to the last positive-probability token. Rows with
-    no positive entry are invalid input (token 0 comes back).
+    no positive entry are invalid input (token 0 comes back). Where our CPU kernels are loaded (packed
+    models), ``eaglespec::sample_rows`` draws it in one pass (~210 -> ~15 us a row of 49152): the same rule,
+    its cumulative sums added in another fixed order, so a u within rounding of a boundary may draw the
+    neighbouring token (vanilla and speculative decoding in one process draw alike).
     """
-    probs = probs.float()  # [B, V]
+    probs, u = probs.float(), u.float()  # [B, V], [B]
     V = probs.shape[-1]
+    if V > 0 and cpu_kernels.serves(probs, u):  # the same draw in one pass (``kernels/select.cpp``)
+        return torch.ops.eaglespec.sample_rows(probs.detach(), u.detach())
     cdf = probs.cumsum(dim=-1)  # [B, V]
-    target = u.float()[:, None] * cdf[:, -1:]  # [B, 1]
+    target = u[:, None] * cdf[:, -1:]  # [B, 1]
     positive = probs > 0  # [B, V]
     hit = positive & (cdf > target)  # [B, V]; cdf need not be exactly monotone after a parallel scan
     ids = torch.arange(V, device=probs.device).expand_as(probs)  # [B, V]

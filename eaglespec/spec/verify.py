@@ -131,6 +131,11 @@ def verify_sampling(
     width = _path_width(tree, max_depth)
     device = target_probs.device
     target_probs = target_probs.float()  # [B, N, V]
+    if N == 1:  # a plain step (vanilla decoding, a paused batch): the bonus is a sample of p at the root
+        p = target_probs[:, 0]  # [B, V]
+        bonus = sample_from_probs(p, u_sample)  # [B]
+        return Verdict(path=_new_path(B, width, device), n_accepted=torch.zeros(B, dtype=torch.long, device=device),
+                       bonus=bonus, bonus_p=p.gather(1, bonus[:, None]).squeeze(1) / p.sum(dim=-1).clamp_min(_TINY))
     draft_q = tree.draft_q.float() if sampled_children else None  # [B, N, V] or None
     rows = torch.arange(B, device=device)  # [B]
     in_reach = tree.valid & (tree.depth < width)  # [B, N]; nodes deeper than max_depth count as pruned
