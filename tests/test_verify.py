@@ -25,8 +25,9 @@ from eaglespec.spec.tree import DraftTree
 from eaglespec.spec.verify import Verdict, verify_greedy, verify_sampling
 
 
-def make_tree(tokens, parents, valid=None, draft_q=None) -> DraftTree:
-    """DraftTree from tokens [B, N] and parents (one list shared by all rows, or [B, N])."""
+def make_tree(tokens, parents, valid=None, draft_q=None, chain=False) -> DraftTree:
+    """DraftTree from tokens [B, N] and parents (one list shared by all rows, or [B, N]); ``chain``: flagged as a
+    chain (node i the parent of node i + 1), which the verifiers take a shortcut for."""
     tokens = torch.as_tensor(tokens, dtype=torch.long)
     B, N = tokens.shape
     parents = torch.as_tensor(parents, dtype=torch.long).expand(B, N).clone()
@@ -35,7 +36,7 @@ def make_tree(tokens, parents, valid=None, draft_q=None) -> DraftTree:
     depth = torch.zeros(B, N, dtype=torch.long)
     for j in range(1, N):  # parents come before children
         depth[:, j] = torch.where(parents[:, j] >= 0, depth.gather(1, parents[:, j : j + 1].clamp_min(0))[:, 0] + 1, 0)
-    tree = DraftTree(tokens, parents, depth, valid, torch.zeros(B, N), draft_q)
+    tree = DraftTree(tokens, parents, depth, valid, torch.zeros(B, N), draft_q, chain=chain)
     if B <= 1000:  # validate() walks the rows on the host: too slow for the 200k-row oracle
         tree.validate()
     return tree
@@ -239,6 +240,7 @@ V = 6
 PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4, -1]
 CHILDREN = {0: [1, 2, 3], 1: [4, 5], 2: [6], 4: [7]}
 N = len(PARENTS)
+CHAIN = False  # the oracle's tree flagged as a chain (``use_chain_of_3``)
 START = (2, 5)  # (token before the root, root = pending token)
 K = 3  # committed tokens compared with the exact joint distribution (V**K = 216 cells)
 ROWS = 100_000  # per oracle run; see the module docstring for the power this gives
@@ -272,7 +274,7 @@ def build_tree(prev, root, draft_table, sampled: bool, g):
     valid = torch.tensor(PARENTS) >= 0
     valid[0] = True
     draft_q = draft_table[before, tokens]  # [B, N, V]
-    tree = make_tree(tokens, PARENTS, valid, draft_q if sampled else None)  # draft_logp (unused here) = 0
+    tree = make_tree(tokens, PARENTS, valid, draft_q if sampled else None, chain=CHAIN)  # draft_logp (unused) = 0
     return tree, before
 
 
@@ -334,6 +336,61 @@ def test_speculative_sampling_reproduces_the_target_distribution(sampled):
     target, draft = tables(10)
     stat, dof, p_value = fit(target, lookup(target), draft, sampled, seed=11)
     assert p_value > P_VALUE_MIN, (stat, dof, p_value)
+
+
+def use_chain_of_3(monkeypatch):
+    """The oracle's trees: chains of 3 flagged as chains (``verify._verify_chain_sampling``)."""
+    import sys
+
+    mod = sys.modules[__name__]
+    for name, value in (("PARENTS", [-1, 0, 1, 2]), ("CHILDREN", {0: [1], 1: [2], 2: [3]}), ("N", 4), ("CHAIN", True)):
+        monkeypatch.setattr(mod, name, value)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["topk_children", "sampled_children"])
+def test_speculative_sampling_of_chains_reproduces_the_target_distribution(sampled, monkeypatch):
+    use_chain_of_3(monkeypatch)
+    calls = []
+    real = verify._verify_chain_sampling
+    monkeypatch.setattr(verify, "_verify_chain_sampling", lambda *a: calls.append(1) or real(*a))
+    target, draft = tables(12)
+    stat, dof, p_value = fit(target, lookup(target), draft, sampled, seed=13)
+    assert p_value > P_VALUE_MIN, (stat, dof, p_value)
+    assert calls  # the chain shortcut ran
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["topk_children", "sampled_children"])
+def test_the_oracle_detects_a_chain_verifier_that_skips_the_residual(sampled, monkeypatch):
+    """The chain shortcut with every row's bonus drawn from p at the node it stopped at, rejected or not (the
+    residual never taken): caught."""
+    use_chain_of_3(monkeypatch)
+    monkeypatch.setattr(verify, "_rows_of", lambda a, b, take_a: b)
+    target, draft = tables(12)
+    stat, dof, p_value = fit(target, lookup(target), draft, sampled, seed=13, rows=BROKEN_ROWS)
+    assert p_value < 1e-30, (stat, dof, p_value)
+
+
+def test_the_chain_shortcut_gives_the_walks_verdict():
+    """Chains verified by the shortcut and by the general walk (the same tree not flagged as a chain): the same
+    path, acceptance count, bonus and bonus probability, sampled and top-k children, sparse p and q."""
+    g = torch.Generator().manual_seed(31)
+    B, V = 300, 40
+    for N in (2, 3, 5):
+        for sampled in (False, True):
+            tokens = torch.randint(0, V, (B, N), generator=g)
+            tokens[:, 1:] = torch.where(torch.rand(B, N - 1, generator=g) < 0.5, tokens[:, :1], tokens[:, 1:])
+            probs = process_logits(2 * torch.randn(B, N, V, generator=g), 1.0, top_k=12)
+            q = process_logits(2 * torch.randn(B, N, V, generator=g), 1.0, top_k=20)
+            q = torch.where(torch.arange(B)[:, None, None] % 2 == 0, 0.5 * q + 0.5 * probs, q)  # even rows
+            # often accepted; odd rows' q(x) = 0 where p(x) > 0 too (the deterministic rule)
+            u, u_bonus = torch.rand(B, N, generator=g), torch.rand(B, generator=g)
+            fast = make_tree(tokens, list(range(-1, N - 1)), draft_q=q if sampled else None, chain=True)
+            walk = make_tree(tokens, list(range(-1, N - 1)), draft_q=q if sampled else None)
+            a = verify_sampling(fast, probs, u, u_bonus, sampled, max_depth=N - 1)
+            b = verify_sampling(walk, probs, u, u_bonus, sampled, max_depth=N - 1)
+            assert torch.equal(a.path, b.path) and torch.equal(a.n_accepted, b.n_accepted)
+            assert torch.equal(a.bonus, b.bonus) and torch.equal(a.bonus_p, b.bonus_p)
+            assert 0 < a.n_accepted.float().mean() < N - 1  # both acceptances and rejections happened
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["topk_children", "sampled_children"])

@@ -2,8 +2,9 @@
 
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
 result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call;
-``select.cpp``: argmax, top-k and inverse-CDF draws of vocabulary rows; ``layer_elementwise.cpp``: rotary and SwiGLU in one call
-each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They need AVX-512 with VNNI
+``select.cpp``: argmax, top-k and inverse-CDF draws of vocabulary rows; ``layer_elementwise.cpp``: rotary
+and SwiGLU in one call each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They
+need AVX-512 with VNNI
 on x86-64 Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles them into one
 library under the cache directory the first time (~20 s), and later processes load it (a changed source,
 flag or torch version builds a new one). Where they cannot run,

@@ -132,11 +132,11 @@ def verify_sampling(
     device = target_probs.device
     target_probs = target_probs.float()  # [B, N, V]
     if N == 1:  # a plain step (vanilla decoding, a paused batch): the bonus is a sample of p at the root
-        p = target_probs[:, 0]  # [B, V]
-        bonus = sample_from_probs(p, u_sample)  # [B]
-        return Verdict(path=_new_path(B, width, device), n_accepted=torch.zeros(B, dtype=torch.long, device=device),
-                       bonus=bonus, bonus_p=p.gather(1, bonus[:, None]).squeeze(1) / p.sum(dim=-1).clamp_min(_TINY))
+        return _bonus(target_probs[:, 0], u_sample, _new_path(B, width, device),
+                      torch.zeros(B, dtype=torch.long, device=device))
     draft_q = tree.draft_q.float() if sampled_children else None  # [B, N, V] or None
+    if tree.chain and width == N:
+        return _verify_chain_sampling(tree.tokens, target_probs, draft_q, u_accept, u_sample)
     rows = torch.arange(B, device=device)  # [B]
     in_reach = tree.valid & (tree.depth < width)  # [B, N]; nodes deeper than max_depth count as pruned
     first_child, next_sibling = _candidate_links(tree.parents, in_reach)  # [B, N] each, N = none
@@ -169,9 +169,63 @@ def verify_sampling(
             accept, first_child[rows, x_node], torch.where(reject, next_sibling[rows, x_node], N)
         )
 
-    bonus = sample_from_probs(p, u_sample)  # [B]
+    return _bonus(p, u_sample, path, n_accepted)
+
+
+def _bonus(p: torch.Tensor, u: torch.Tensor, path: torch.Tensor, n_accepted: torch.Tensor) -> Verdict:
+    """The verdict whose bonus is a sample of p [B, V] (need not be normalised) at uniforms u [B]."""
+    bonus = sample_from_probs(p, u)  # [B]
     bonus_p = p.gather(1, bonus[:, None]).squeeze(1) / p.sum(dim=-1).clamp_min(_TINY)  # [B]
     return Verdict(path=path, n_accepted=n_accepted, bonus=bonus, bonus_p=bonus_p)
+
+
+def _verify_chain_sampling(tokens: torch.Tensor, target_probs: torch.Tensor, draft_q: torch.Tensor | None,
+                           u_accept: torch.Tensor, u_sample: torch.Tensor) -> Verdict:
+    """``verify_sampling`` of chains (node i the parent of node i + 1, all valid): tokens [B, N], target_probs
+    and draft_q [B, N, V]. Each node has one candidate, its child, so the walk's rounds are independent tests
+    that read only p and q at the child's token: all taken at once (the same ratios, normalised as
+    ``_try_candidate`` normalises them), a running product of acceptances gives each row's last accepted node,
+    and only the rows' residual at that node is computed over the vocabulary, where the walk computes it at
+    every node it visits (a chain of 1 at batch 1: ~540 -> ~200 us a step on a 2-core EPYC; a chain of 2
+    ~1.6 ms -> ~200 us). The same rule: tested against the walk and by the distribution oracle."""
+    B, N, _ = target_probs.shape
+    device = target_probs.device
+    x = tokens[:, 1:, None]  # [B, N-1, 1] the candidate at node i: node i + 1's token
+    p = target_probs[:, :-1]  # [B, N-1, V]
+    p_x = p.gather(2, x).squeeze(2) / p.sum(dim=-1).clamp_min(_TINY)  # [B, N-1]
+    if draft_q is not None:
+        q = draft_q[:, :-1]  # [B, N-1, V]
+        q_x = q.gather(2, x).squeeze(2) / q.sum(dim=-1).clamp_min(_TINY)  # [B, N-1]
+        from_q = q_x > 0  # [B, N-1]; False: x cannot have come from q -> the deterministic rule
+        ratio = torch.where(from_q, p_x / q_x.clamp_min(_TINY), p_x)  # [B, N-1]
+    else:
+        ratio = p_x
+    kept = (u_accept[:, 1:].float() < ratio).long().cumprod(dim=1)  # [B, N-1] 1 while the chain is accepted
+    n_accepted = kept.sum(dim=1)  # [B]: the node each row stops at
+    node = torch.arange(1, N, device=device)  # [N-1]
+    path = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=device),
+                      torch.where(kept.bool(), node, -1)], dim=1)  # [B, N]
+    at = torch.arange(B, device=device) * N + n_accepted  # [B] row of [B * N, V]: the node each row stops at
+    p_end = target_probs.reshape(B * N, -1).index_select(0, at)  # [B, V]
+    k = n_accepted.clamp(max=N - 2)[:, None]  # [B, 1] that node's candidate (whole chain accepted: unused)
+    pn = p_end / p_end.sum(dim=-1, keepdim=True).clamp_min(_TINY)  # [B, V]
+    p_rejected = pn.scatter(1, x.squeeze(2).gather(1, k), 0.0)  # [B, V] deterministic residual: p without it
+    if draft_q is not None:
+        qn = draft_q.reshape(B * N, -1).index_select(0, at)  # [B, V]
+        qn = qn / qn.sum(dim=-1, keepdim=True).clamp_min(_TINY)
+        residual = (pn - qn).clamp_min(0.0)  # [B, V]
+        use_residual = from_q.gather(1, k).squeeze(1) & (residual.sum(dim=-1) > 0)  # [B]
+        p_rejected = _rows_of(residual, p_rejected, use_residual)
+    rejected = n_accepted < N - 1  # [B]: stopped at a rejected candidate, not at the leaf
+    return _bonus(_rows_of(p_rejected, p_end, rejected), u_sample, path, n_accepted)
+
+
+def _rows_of(a: torch.Tensor, b: torch.Tensor, take_a: torch.Tensor) -> torch.Tensor:
+    """[B, V]: row i of a where take_a[i] (bool [B]), else of b; ``torch.where(take_a[:, None], a, b)`` as one
+    row copy (torch's broadcast ``where`` takes ~27 us a row of 49152, the concatenation and row gather ~12)."""
+    B = a.shape[0]
+    rows = torch.arange(B, device=a.device)
+    return torch.cat([a, b]).index_select(0, torch.where(take_a, rows, rows + B))
 
 
 def _try_candidate(
