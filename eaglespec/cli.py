@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(name)s: %(message)s")
+    from eaglespec.runtime import allocator
+
+    allocator.tune()  # before any model is loaded: see runtime/allocator.py
     try:
         return args.func(args)
     except CLIError as e:
