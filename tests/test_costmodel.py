@@ -1002,7 +1002,7 @@ def test_a_look_back_probe_scores_the_guesses_a_chain_would_have_drafted(monkeyp
     from eaglespec.spec import dispatch
     monkeypatch.setattr(dispatch, "PROBE_COST_STEPS", 0.0)
     d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
-                           repick_every=1, probe_every=6, max_probe_every=6)
+                           repick_every=1, probe_every=6, max_probe_every=6, batched_margin=1.02)
     seen, scored = [], []
     observe = d.observe_look_back
     d.observe_look_back = lambda rows, hits, tries: seen.append((list(rows), list(hits), list(tries))) or \
@@ -1082,7 +1082,7 @@ def test_a_sampled_look_back_probe_scores_the_chances_a_sampled_chain_would_have
     monkeypatch.setattr(prop, "LOOK_BACK", 3)
     monkeypatch.setattr(dispatch, "PROBE_COST_STEPS", 0.0)
     d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
-                           repick_every=1, probe_every=6, max_probe_every=6)
+                           repick_every=1, probe_every=6, max_probe_every=6, batched_margin=1.02)
     d.pools[True] = AcceptanceTracker(prior=(0.16,) * 8)  # sampled requests start from their own pool
     seen = []
     observe = d.observe_look_back
@@ -1180,7 +1180,7 @@ def test_a_paused_dispatcher_does_not_probe_where_too_few_tokens_are_left_to_rep
 
     def probes(budget_of):  # budget_of(step) -> the rows' budgets at that step
         d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.3, 0.3), weight=1e6),
-                               repick_every=1, probe_every=4, max_probe_every=16)
+                               repick_every=1, probe_every=4, max_probe_every=16, batched_margin=1.02)
         d.start_row(0)
         d.start_row(1)
         at = []
@@ -1201,3 +1201,25 @@ def test_a_paused_dispatcher_does_not_probe_where_too_few_tokens_are_left_to_rep
     assert probes(lambda step: (enough - 1, enough - 1))[0] == []  # none of them is worth its catch-up
     assert probes(lambda step: (27 + enough - 1 - step,) * 2)[0] == [3, 11]  # the third comes too late
     assert 10 < enough < 100  # the rows of 128-token requests probe, but not in their last tokens
+
+
+def test_a_batch_of_several_requests_drafts_only_past_the_batched_margin():
+    """Alone in its batch a request drafts a tree predicted 1.05x (above ``margin``, 1.02); in a batch of several
+    the same prediction stays paused (``BATCHED_MARGIN``, 1.10: the calibration's batched prices err more) unless
+    the margin is lowered; a tree predicted above it drafts in the batch too. Bad margins are refused."""
+    from eaglespec.spec import dispatch
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = CostTable({(b, n): 0.010 for b in (1, 4) for n in (1, 2)}, {(b, "chain1"): 0.0 for b in (1, 4)})
+
+    def picks(rate, **kw):
+        d = AdaptiveDispatcher(costs, [Chain(1)], prior=AcceptanceTracker(prior=(rate,), weight=1e6), repick_every=1,
+                               **kw)
+        return d.pick(1, [0]).label, d.pick(4, [0, 1, 2, 3]).label, round(d.last.predicted_speedup, 3)
+
+    assert dispatch.BATCHED_MARGIN == 1.10
+    assert picks(0.05) == ("chain1", "none", 1.0)  # chain 1 predicted 1.05x: drafted alone, paused in a batch
+    assert picks(0.05, batched_margin=1.02) == ("chain1", "chain1", 1.05)
+    assert picks(0.15) == ("chain1", "chain1", 1.15)
+    with pytest.raises(ValueError, match="margins must be >= 1"):
+        AdaptiveDispatcher(costs, [Chain(1)], batched_margin=0.9)
