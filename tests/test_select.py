@@ -99,19 +99,18 @@ def test_logits_helpers_use_the_kernels_for_float32_cpu_rows_and_torch_otherwise
 # ------------------------------------------------------------------------------------------------ sample_rows
 
 
-def _torch_draw(probs, u):
-    """spec.sampling.sample_from_probs' torch rule on [B, V] rows (the kernel's reference)."""
-    cdf = probs.cumsum(-1)
-    positive = probs > 0
-    hit = positive & (cdf > u[:, None] * cdf[:, -1:])
-    ids = torch.arange(probs.shape[-1]).expand_as(probs)
-    first = torch.where(hit, ids, probs.shape[-1]).amin(-1)
-    return torch.where(first < probs.shape[-1], first, torch.where(positive, ids, -1).amax(-1).clamp_min(0))
+def _torch_draw(probs, u, monkeypatch):
+    """spec.sampling.sample_from_probs' torch rule (the kernel's reference): the same function, the kernels off."""
+    from eaglespec.spec import sampling
+
+    with monkeypatch.context() as m:
+        m.setattr(sampling.cpu_kernels, "serves", lambda *tensors: False)
+        return sampling.sample_from_probs(probs, u)
 
 
 @pytest.mark.parametrize("v", [1, 7, 16, 17, 1000, 49152])
 @pytest.mark.parametrize("kind", ["softmax", "sparse", "unnormalised", "one_hot"])
-def test_sample_rows_draws_torchs_token(v, kind):
+def test_sample_rows_draws_torchs_token(v, kind, monkeypatch):
     """The first positive token whose cumulative mass exceeds u * total, as torch computes it, for uniforms
     that are not within rounding of a boundary (both sum in fixed but different orders)."""
     g = torch.Generator().manual_seed(v + len(kind))
@@ -130,7 +129,7 @@ def test_sample_rows_draws_torchs_token(v, kind):
     cdf = p.double().cumsum(-1)
     margin = ((cdf - u.double()[:, None] * cdf[:, -1:]).abs().amin(-1) > 1e-5 * cdf[:, -1])  # clear of boundaries
     assert margin.sum() > 48
-    assert torch.equal(got[margin], _torch_draw(p, u)[margin])
+    assert torch.equal(got[margin], _torch_draw(p, u, monkeypatch)[margin])
 
 
 def test_sample_rows_edges_and_shapes():
