@@ -6,7 +6,7 @@ kernel once more than ``M_TRIM_THRESHOLD`` of it is free. A decode step allocate
 that size: every position's logits over a 49152-token vocabulary are 192 KiB in float32 (768 KiB at batch 4),
 and so are their probabilities, the rescoring's, sampling's and verification's temporaries, and every prompt's
 activations. Each such block then comes back as fresh pages, paid in page faults on first touch (a sampled
-verification of a chain of 1 at batch 4: ~2.8 ms with the defaults, ~0.6 ms with the thresholds raised, 2-core
+verification of a chain of 1 at batch 4: 2.7-4.0 ms with the defaults, 0.5-0.9 ms with the thresholds raised, 2-core
 EPYC; whole decoding runs 4-23% faster, ``docs/RUNTIME.md``). Neither torch nor Python sets them; jemalloc or tcmalloc preloaded (``LD_PRELOAD``) would do the same
 job. ``tune`` raises both thresholds for this process (the env variables ``MALLOC_MMAP_THRESHOLD_`` /
 ``MALLOC_TRIM_THRESHOLD_`` do so at start-up, and where either is set the user's choice stands). The cost: up to

@@ -186,8 +186,9 @@ def _verify_chain_sampling(tokens: torch.Tensor, target_probs: torch.Tensor, dra
     that read only p and q at the child's token: all taken at once (the same ratios, normalised as
     ``_try_candidate`` normalises them), a running product of acceptances gives each row's last accepted node,
     and only the rows' residual at that node is computed over the vocabulary, where the walk computes it at
-    every node it visits (a chain of 1 at batch 1: ~540 -> ~200 us a step on a 2-core EPYC; a chain of 2
-    ~1.6 ms -> ~200 us). The same rule: tested against the walk and by the distribution oracle."""
+    every node it visits (a chain of 1 at batch 1: 381-688 -> 264-471 us a step on a 2-core EPYC; a chain of 2
+    648-1198 -> 259-462 us; docs/results/epyc-2026-11-27-s20/chain_verify_ab.txt). The same rule: tested
+    against the walk and by the distribution oracle."""
     B, N, _ = target_probs.shape
     device = target_probs.device
     x = tokens[:, 1:, None]  # [B, N-1, 1] the candidate at node i: node i + 1's token
