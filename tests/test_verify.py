@@ -347,16 +347,43 @@ def use_chain_of_3(monkeypatch):
         monkeypatch.setattr(mod, name, value)
 
 
+def chain_kernel(monkeypatch, on: bool) -> None:
+    """Chains (and plain steps) verified by ``eaglespec::verify_chain_sampled`` (on: skipped where our CPU kernels
+    do not run) or by the torch rule (off), whatever earlier tests loaded."""
+    from eaglespec.runtime import cpu_kernels
+
+    if on:
+        if not cpu_kernels.available():
+            pytest.skip(f"our CPU kernels do not run here: {cpu_kernels.unavailable_reason()}")
+    else:
+        monkeypatch.setattr(verify, "_chain_kernel_serves", lambda *a: False)
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "kernel"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["topk_children", "sampled_children"])
-def test_speculative_sampling_of_chains_reproduces_the_target_distribution(sampled, monkeypatch):
+def test_speculative_sampling_of_chains_reproduces_the_target_distribution(sampled, kernel, monkeypatch):
     use_chain_of_3(monkeypatch)
+    chain_kernel(monkeypatch, kernel)
     calls = []
-    real = verify._verify_chain_sampling
-    monkeypatch.setattr(verify, "_verify_chain_sampling", lambda *a: calls.append(1) or real(*a))
+    if kernel:
+        ops = torch.ops.eaglespec
+
+        class Ops:  # counts the kernel's calls, every other op as it is
+            def __getattr__(self, name):
+                return getattr(ops, name)
+
+            def verify_chain_sampled(self, *a):
+                calls.append(1)
+                return ops.verify_chain_sampled(*a)
+
+        monkeypatch.setattr(torch.ops, "eaglespec", Ops())
+    else:
+        real = verify._verify_chain_sampling
+        monkeypatch.setattr(verify, "_verify_chain_sampling", lambda *a: calls.append(1) or real(*a))
     target, draft = tables(12)
     stat, dof, p_value = fit(target, lookup(target), draft, sampled, seed=13)
     assert p_value > P_VALUE_MIN, (stat, dof, p_value)
-    assert calls  # the chain shortcut ran
+    assert calls  # the chain shortcut (or its kernel) ran
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["topk_children", "sampled_children"])
@@ -364,15 +391,18 @@ def test_the_oracle_detects_a_chain_verifier_that_skips_the_residual(sampled, mo
     """The chain shortcut with every row's bonus drawn from p at the node it stopped at, rejected or not (the
     residual never taken): caught."""
     use_chain_of_3(monkeypatch)
+    chain_kernel(monkeypatch, False)
     monkeypatch.setattr(verify, "_rows_of", lambda a, b, take_a: b)
     target, draft = tables(12)
     stat, dof, p_value = fit(target, lookup(target), draft, sampled, seed=13, rows=BROKEN_ROWS)
     assert p_value < 1e-30, (stat, dof, p_value)
 
 
-def test_the_chain_shortcut_gives_the_walks_verdict():
+def test_the_chain_shortcut_gives_the_walks_verdict(monkeypatch):
     """Chains verified by the shortcut and by the general walk (the same tree not flagged as a chain): the same
-    path, acceptance count, bonus and bonus probability, sampled and top-k children, sparse p and q."""
+    path, acceptance count, bonus and bonus probability, sampled and top-k children, sparse p and q. (The
+    torch shortcut; its kernel against it: ``test_verify_chain.py``.)"""
+    chain_kernel(monkeypatch, False)
     g = torch.Generator().manual_seed(31)
     B, V = 300, 40
     for N in (2, 3, 5):

@@ -2,7 +2,8 @@
 
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
 result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call;
-``select.cpp``: argmax, top-k and inverse-CDF draws of vocabulary rows; ``layer_elementwise.cpp``: rotary
+``select.cpp``: argmax, top-k and inverse-CDF draws of vocabulary rows; ``verify_chain.cpp``: a sampled chain's
+verification in one call; ``layer_elementwise.cpp``: rotary
 and SwiGLU in one call each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They
 need AVX-512 with VNNI
 on x86-64 Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles them into one
@@ -24,13 +25,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["SOURCES", "available", "cpuinfo", "loaded", "serves", "unavailable_reason"]
+__all__ = ["HEADERS", "SOURCES", "available", "cpuinfo", "loaded", "serves", "unavailable_reason"]
 
 logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("kernels") / name
            for name in ("w4a8.cpp", "row_attention.cpp", "rms_norm.cpp", "select.cpp", "layer_elementwise.cpp",
-                        "layer_step.cpp")]
+                        "layer_step.cpp", "verify_chain.cpp")]
+HEADERS = [Path(__file__).with_name("kernels") / "row_draw.h"]  # included by the sources: part of the build id
 _REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
 
@@ -94,7 +96,7 @@ def build_id() -> str:
     """12 hex digits naming this build of the kernels (their sources, flags and torch version): a changed
     kernel is a new build, and what was measured with the old one (calibration, kernel plans) is not reused
     (``runtime.quant.machine_fingerprint``, asked once per packed weight shape: the digest is read once)."""
-    return _digest(tuple(SOURCES), tuple(_FLAGS), torch.__version__)
+    return _digest(tuple(SOURCES) + tuple(HEADERS), tuple(_FLAGS), torch.__version__)
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,6 +124,9 @@ def _register_fakes() -> None:
     register("argmax_rows", lambda x: x.new_empty(x.shape[:-1], dtype=torch.long))
     register("topk_rows", lambda x, k: x.new_empty((*x.shape[:-1], k), dtype=torch.long))
     register("sample_rows", lambda probs, u: u.new_empty(u.shape, dtype=torch.long))
+    register("verify_chain_sampled", lambda tokens, p, q, u_accept, u_sample, width: (
+        tokens.new_empty((p.shape[0], width)), tokens.new_empty(p.shape[:1]), tokens.new_empty(p.shape[:1]),
+        p.new_empty(p.shape[:1])))
 
 
 def available(cache_dir: str | Path | None = None) -> bool:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.logits import argmax
 from eaglespec.spec.sampling import sample_from_probs
 
@@ -131,10 +132,16 @@ def verify_sampling(
     width = _path_width(tree, max_depth)
     device = target_probs.device
     target_probs = target_probs.float()  # [B, N, V]
+    draft_q = tree.draft_q.float() if sampled_children and N > 1 else None  # [B, N, V] or None
+    if (N == 1 or (tree.chain and width == N)) and _chain_kernel_serves(target_probs, draft_q, u_accept, u_sample):
+        # the same rule in one call (kernels/verify_chain.cpp): a chain of 1 at batch 1 288-439 -> 23-44 us, a
+        # plain step 88 -> 26, batch 4 504-595 -> 202 (docs/results/epyc-2026-11-28-s21/verify_micro.txt)
+        path, n_accepted, bonus, bonus_p = torch.ops.eaglespec.verify_chain_sampled(
+            tree.tokens, target_probs, draft_q, u_accept.float(), u_sample.float(), width)
+        return Verdict(path=path, n_accepted=n_accepted, bonus=bonus, bonus_p=bonus_p)
     if N == 1:  # a plain step (vanilla decoding, a paused batch): the bonus is a sample of p at the root
         return _bonus(target_probs[:, 0], u_sample, _new_path(B, width, device),
                       torch.zeros(B, dtype=torch.long, device=device))
-    draft_q = tree.draft_q.float() if sampled_children else None  # [B, N, V] or None
     if tree.chain and width == N:
         return _verify_chain_sampling(tree.tokens, target_probs, draft_q, u_accept, u_sample)
     rows = torch.arange(B, device=device)  # [B]
@@ -170,6 +177,16 @@ def verify_sampling(
         )
 
     return _bonus(p, u_sample, path, n_accepted)
+
+
+def _chain_kernel_serves(p: torch.Tensor, q: torch.Tensor | None, u_accept: torch.Tensor, u_sample: torch.Tensor
+                         ) -> bool:
+    """Whether ``eaglespec::verify_chain_sampled`` takes this chain (or plain step): our CPU kernels are loaded
+    (``cpu_kernels.serves``: packed models load them) and the inputs are float32 CPU tensors shaped as the
+    kernel reads them (p [B, N, V], u_accept [B, N])."""
+    tensors = (p, u_sample) if q is None else (p, q, u_sample)
+    return p.shape[-1] > 0 and tuple(u_accept.shape) == tuple(p.shape[:2]) and cpu_kernels.serves(*tensors) \
+        and u_accept.device == p.device
 
 
 def _bonus(p: torch.Tensor, u: torch.Tensor, path: torch.Tensor, n_accepted: torch.Tensor) -> Verdict:

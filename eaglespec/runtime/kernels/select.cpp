@@ -38,6 +38,8 @@
 #include <utility>
 #include <vector>
 
+#include "row_draw.h"
+
 namespace {
 
 constexpr int64_t kBlock = 64;  // values per block of the top-k threshold (four 16-lane vectors)
@@ -139,44 +141,8 @@ void topk_row(const float* x, int64_t v, int64_t k, int64_t* out) {
   for (int64_t i = 0; i < k; ++i) out[i] = cand[i].second;
 }
 
-// One inverse-CDF draw from probabilities p[0..v) (non-negative, need not sum to 1) at u in [0, 1) (see the
-// header); `blocks` holds v / 16 rounded up floats of scratch.
-int64_t sample_row(const float* p, int64_t v, float u, float* blocks) {
-  const int64_t nb = (v + 15) / 16;
-  float total = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t j = 16 * b, m = std::min<int64_t>(16, v - j);
-    const __mmask16 on = m == 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1);
-    blocks[b] = _mm512_reduce_add_ps(_mm512_maskz_loadu_ps(on, p + j));
-    total += blocks[b];
-  }
-  const float target = u * total;
-  float run = 0.0f;  // the mass of the blocks before b, added in block order as `total` was
-  for (int64_t b = 0; b < nb; ++b) {
-    if (run + blocks[b] > target) {  // the crossing is in this block, unless rounding in it says otherwise
-      float s = run;
-      for (int64_t j = 16 * b, end = std::min<int64_t>(v, j + 16); j < end; ++j) {
-        s += p[j];
-        if (p[j] > 0.0f && s > target) return j;
-      }
-    }
-    run += blocks[b];
-  }
-  for (int64_t j = v - 1; j >= 0; --j)
-    if (p[j] > 0.0f) return j;
-  return 0;  // no positive value: invalid input, as in torch's version
-}
-
-template <typename F>
-void for_rows(int64_t rows, F&& fn) {
-  if (rows <= 4) {  // decode and short verification: a thread pool wake-up costs about what a row does
-    for (int64_t r = 0; r < rows; ++r) fn(r);
-  } else {
-    at::parallel_for(0, rows, 2, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) fn(r);
-    });
-  }
-}
+using eaglespec_kernels::for_rows;
+using eaglespec_kernels::sample_row;
 
 at::Tensor checked(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, name, ": float32 scores only, got ", x.scalar_type());
