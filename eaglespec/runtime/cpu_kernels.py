@@ -3,7 +3,7 @@
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
 result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call;
 ``select.cpp``: argmax, top-k and inverse-CDF draws of vocabulary rows; ``verify_chain.cpp``: a sampled chain's
-verification in one call; ``layer_elementwise.cpp``: rotary
+verification in one call; ``draft_draw.cpp``: the draft head's sampled children in one call; ``layer_elementwise.cpp``: rotary
 and SwiGLU in one call each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They
 need AVX-512 with VNNI
 on x86-64 Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles them into one
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name("kernels") / name
            for name in ("w4a8.cpp", "row_attention.cpp", "rms_norm.cpp", "select.cpp", "layer_elementwise.cpp",
-                        "layer_step.cpp", "verify_chain.cpp")]
+                        "layer_step.cpp", "verify_chain.cpp", "draft_draw.cpp")]
 HEADERS = [Path(__file__).with_name("kernels") / "row_draw.h"]  # included by the sources: part of the build id
 _REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
@@ -127,6 +127,8 @@ def _register_fakes() -> None:
     register("verify_chain_sampled", lambda tokens, p, q, u_accept, u_sample, width: (
         tokens.new_empty((p.shape[0], width)), tokens.new_empty(p.shape[:1]), tokens.new_empty(p.shape[:1]),
         p.new_empty(p.shape[:1])))
+    register("draft_draw", lambda logits, temperature, u, d2t, vocab: (
+        d2t.new_empty(logits.shape[:2]), logits.new_empty(logits.shape[:2]), logits.new_empty((*logits.shape[:2], vocab))))
 
 
 def available(cache_dir: str | Path | None = None) -> bool:

@@ -40,6 +40,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from eaglespec.runtime import cpu_kernels
 from eaglespec.runtime.kvcache import HostRows
 from eaglespec.runtime.logits import argmax
 from eaglespec.spec.costmodel import Choice
@@ -538,14 +539,20 @@ class EagleProposer:
             lp, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
             return self.head.to_target_ids(ids), lp, None
         t = self._step_temperature  # [B]; rows at 0 (greedy requests) take the top-k of q at 1
-        logq = torch.log_softmax(logits / torch.where(t > 0, t, 1.0)[:, None, None], dim=-1)
         if k == 1:
             # One draw (chains, single-child levels): inverse CDF, one uniform per node from the row's own
             # generator. ~25 us a node of 8192 where the Gumbel race below takes ~70 (2-core Xeon): its noise
             # costs a uniform, two logs and a top-k per token. float32 sums make the drawn law q up to ~1e-6.
-            u = torch.stack([torch.rand(logq.shape[1], 1, generator=g, device=logq.device)
-                             if g is not None else logq.new_zeros(logq.shape[1], 1)
+            u = torch.stack([torch.rand(logits.shape[1], 1, generator=g, device=logits.device)
+                             if g is not None else logits.new_zeros(logits.shape[1], 1)
                              for g in self._step_generators])  # [B, K, 1]
+            if cpu_kernels.serves(logits, t, u):  # the same rule in one call (kernels/draft_draw.cpp): with the
+                # head's logits 179 -> 88 us a node at batch 1 (docs/results/epyc-2026-11-28-s21/draft_draw_micro.txt)
+                ids, lq, q = torch.ops.eaglespec.draft_draw(logits, t, u[..., 0], self._draft_to_target(),
+                                                            self.head.config.vocab_size)  # [B, K], [B, K], [B, K, V]
+                return ids[..., None], lq[..., None], q
+        logq = torch.log_softmax(logits / torch.where(t > 0, t, 1.0)[:, None, None], dim=-1)
+        if k == 1:
             cdf = logq.exp().cumsum(dim=-1)  # [B, K, V']
             drawn = torch.searchsorted(cdf, u * cdf[..., -1:], side="right").clamp_(max=logq.shape[-1] - 1)  # [B, K, 1]
             ids = torch.where((t > 0)[:, None, None], drawn, logq.argmax(dim=-1, keepdim=True))
