@@ -657,6 +657,41 @@ def test_a_new_request_is_probed_after_probe_every_paused_steps_whatever_the_req
     assert (d._probe_wait, d._since_draft) == (wait, since) and wait > 4
 
 
+def test_each_request_alone_gets_one_look_back_even_where_the_pool_says_no_recovery_could_pay():
+    """A pool whose acceptance is too low for a probe to be worth it (``_probe_could_pay``: not even at 1.5x)
+    skips every probe, so it would never observe anything again: a request alone in the batch still looks back
+    once, ``probe_every`` steps after it started, where it has tokens left for a resume to matter; later probes of
+    it, requests joining others, and drafting probes (no pairs to look back on) keep the rule."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costly = flat_costs(per_token=0.01)  # chain 1 pays above 58% depth-1 acceptance; 1.5 x 20% = 30% could not
+    low = AcceptanceTracker(prior=(0.20,) * 8, weight=1e6)
+
+    def looks(d, steps, budget=100, rows=(0,)):
+        seen = []
+        for step in range(steps):
+            assert not d.pick(len(rows), list(rows), look_back=True, budget=[budget] * len(rows)).drafts
+            if d.look_back_due:
+                seen.append(step)
+                d.observe_look_back(list(rows), [0.0] * len(rows), [4] * len(rows))  # nothing would have been hit
+        return seen
+
+    d = AdaptiveDispatcher(costly, repick_every=1, probe_every=4, max_probe_every=64, probe_steps=1, prior=low)
+    for request in range(3):
+        d.start_row(0)
+        assert looks(d, 120) == [3]  # once, and never again in this request (the pool still says no)
+        d.end_row(0)
+    d.start_row(0)
+    assert looks(d, 120, budget=3) == []  # fewer tokens left than the wait: nothing to win
+    d.end_row(0)
+    d.start_row(0)
+    d.start_row(1)  # two rows: no exploring (a catch-up would encode both rows' prompts)
+    assert looks(d, 120, rows=(0, 1)) == []
+    d = AdaptiveDispatcher(costly, repick_every=1, probe_every=4, max_probe_every=64, probe_steps=1, prior=low)
+    d.start_row(0)
+    assert _probed_steps(d, 120) == []  # without look-back a probe drafts: the rule alone decides
+
+
 def _simulate(dispatcher, accept, steps, seed):
     """Chains drafted by ``dispatcher`` against a head accepted with probability ``accept`` at every depth."""
     rng = random.Random(seed)
@@ -756,20 +791,24 @@ def test_calibration_measures_the_paused_step_with_its_catch_ups(monkeypatch):
 
     from eaglespec.engine import calibrate as cal
 
-    def steps(target, proposer, batch, n, prompt, temperature=0.0):  # paused: 11 ms a step and a 40 ms catch-up every 8th
-        if proposer is None:
-            return [0.010] * 16, None
-        return [0.051 if i % 8 == 7 else 0.011 for i in range(16)], None
+    # paused: 11 ms a step and a 40 ms catch-up every 8th; plain: 10 ms; both engines stepped in turns, and a
+    # stretch of the machine slowed by half that hits some step pairs (both steps of a pair alike)
+    slow = [1.5 if 9 <= i < 14 else 1.0 for i in range(16)]
 
-    monkeypatch.setattr(cal, "_step_times", steps)
+    def paired(target, proposer, batch, n, prompt, temperature=0.0):
+        assert proposer is not None
+        paused = [(0.051 if i % 8 == 7 else 0.011) * k for i, k in enumerate(slow)]
+        return paused, [0.010 * k for k in slow], None
+
+    monkeypatch.setattr(cal, "_paired_steps", paired)
     got = cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=8), batches=(1, 2, 4))
-    assert got[1] == pytest.approx(0.001 + 2 * 0.040 / 16)
+    assert got[1] == pytest.approx(0.001 + 2 * 0.040 / 16)  # the slow stretch is in both steps of a pair: no cost
     assert set(got) == {1, 2, 4}
     asked = []
-    monkeypatch.setattr(cal, "_step_times", lambda t, p, b, n, prompt, temperature=0.0: asked.append(n) or steps(t, p, b, n, prompt))
+    monkeypatch.setattr(cal, "_paired_steps", lambda t, p, b, n, prompt, temperature=0.0: asked.append(n) or paired(t, p, b, n, prompt))
     cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=8), batches=(1,), reps=1)
     cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=256), batches=(1,), reps=1)
-    assert asked == [36, 36, cal.PAUSED_STEPS + 4, cal.PAUSED_STEPS + 4]  # 2 x max(buffer, 16), a request at most
+    assert asked == [36, cal.PAUSED_STEPS + 4]  # 2 x max(buffer, 16), a request at most
     table = cal._from_json(cal._to_json(CostTable({(1, 1): 0.01}, {}, paused=got)))
     assert table.paused == pytest.approx(got)
 

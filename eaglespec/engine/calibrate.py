@@ -57,7 +57,9 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # 16: nothing measured differently; the commands raise glibc malloc's thresholds (runtime/allocator.py) and sampled
 # steps draw and verify chains faster (eaglespec::sample_rows, verify's chain shortcut): steps of every kind cost
 # less, sampled ones and batch 4 most
-CALIBRATION_VERSION = 16
+# 17: the paused step from a paused and a plain engine stepped in turns (the median of their step differences);
+# sampled chains verify and draw their children in one kernel call each (verify_chain_sampled, draft_draw)
+CALIBRATION_VERSION = 17
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
@@ -401,13 +403,17 @@ def cap_by_plain_steps(verify: dict[tuple[int, int], float], steps: Mapping[int,
 
 @torch.inference_mode()
 def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, reps: int = 3) -> dict[int, float]:
-    """Seconds a paused step costs beyond a plain step at each batch size: engine runs with the head held paused
-    (``none`` every step: each step records its pair, the draft cache catches up when the buffer fills) against
-    plain runs of as many steps (twice the buffer, at most ``PAUSED_STEPS``: a request paused for longer than
-    the buffer pays a catch-up, a shorter one none), each step timed on its own; the difference of the median
-    steps plus the catch-up steps' excess over the median, spread over all steps; the median over ``reps``
-    pairs of runs (the smallest of 2 read 0.0-0.24 ms at batch 1 in four calibrations of one quiet 2-core
-    EPYC: a minimum of noisy differences is biased low)."""
+    """Seconds a paused step costs beyond a plain step at each batch size: an engine with the head held paused
+    (``none`` every step: each step records its pair, the draft cache catches up when the buffer fills) and a
+    plain engine decoding the same requests (twice the buffer's steps, at most ``PAUSED_STEPS``: a request
+    paused for longer than the buffer pays a catch-up, a shorter one none), stepped in turns
+    (``_paired_steps``); the median of the step-by-step differences plus the catch-up steps' excess over the
+    median paused step, spread over all steps; the median over ``reps`` such runs (the smallest of 2 read
+    0.0-0.24 ms at batch 1 in four calibrations of one quiet 2-core EPYC: a minimum of noisy differences is
+    biased low). Until session 21 the two engines ran one after the other and their median steps were
+    subtracted: on the drifting 2-core EPYC of sessions 19-21 that read 0.36 and 0.47 ms at batch 1 (8-10% of a
+    plain step) where paused and plain requests alternated in one process differed by ~0.09 ms (1.4%), and the
+    dispatcher, pricing a pause at 0.92x, drafted chains predicted at 0.94-0.98x of plain decoding."""
     from eaglespec.spec.strategies import NoDraft
 
     batches = batches or BATCHES
@@ -419,10 +425,9 @@ def measure_paused(target, make_proposer, batches: Sequence[int] | None = None, 
         for _ in range(reps):
             proposer = make_proposer(NoDraft())
             steps = min(2 * max(int(getattr(proposer, "max_lag", 0)), 16), PAUSED_STEPS) + 4
-            paused, _ = _step_times(target, proposer, b, steps, prompt)
-            plain, _ = _step_times(target, None, b, steps, prompt)
-            mid = statistics.median(paused)
-            diffs.append(max(0.0, mid - statistics.median(plain)) + _catch_up_excess(paused, proposer))
+            paused, plain, _ = _paired_steps(target, proposer, b, steps, prompt)
+            step_diff = statistics.median(p - q for p, q in zip(paused, plain))
+            diffs.append(max(0.0, step_diff) + _catch_up_excess(paused, proposer))
         out[b] = statistics.median(diffs)
     _interpolate(out, batches, measured)
     return out

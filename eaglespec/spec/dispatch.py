@@ -98,6 +98,7 @@ class AdaptiveDispatcher:
         self._observed = 0  # verifications observed so far: the acceptance evidence changes only with them
         self._chosen_on: tuple | None = None  # (batch size, rows, observations, context bucket) of the latest choice
         self._since_draft = 0
+        self._explore = False  # the request alone in the batch has not been probed yet (``start_row``)
         self._context: float | None = None
 
     def __repr__(self) -> str:
@@ -121,8 +122,15 @@ class AdaptiveDispatcher:
         # unprobed for its whole budget, or probe it at once, before it recorded a pair. Joining other rows, it
         # keeps their schedule: a probe's catch-up encodes every row's waiting prompt and pairs, and restarting
         # the waits at every admission cost batch-4 HumanEval 9% (0.91x, two runs) for probes that rarely resumed.
+        # Its first probe looks back even where the pooled acceptance says no recovery could pay
+        # (``_probe_could_pay``): else a pool dragged low by one request is never corrected, since a skipped probe
+        # observes nothing (seen in session 21: T=1 HumanEval, the sampled pool's depth-1 rate at 0.22 after one
+        # request accepted ~5%, no probe in the next 13 requests, `--tree auto` 0.96x vanilla where the chain of 1
+        # ran 1.06x and the requests' own rates were ~0.3-0.4). One look-back a request: a catch-up over its
+        # prompt and first pairs (~1 plain step at batch 1), which drafting needs anyway if it resumes.
         if len(self.rows) == 1:
             self._probe_wait, self._since_draft = self.probe_every, 0
+            self._explore = True
 
     def end_row(self, row: int) -> None:
         self.rows.pop(row, None)
@@ -193,7 +201,9 @@ class AdaptiveDispatcher:
             if self._since_draft >= self._probe_wait and self.candidates:
                 self._since_draft = 0
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
-                if self._probe_could_pay(batch_size, rows, budget):
+                explore, self._explore = self._explore and look_back and len(rows) == 1, False
+                if explore and (not budget or max(budget) >= self.probe_every) \
+                        or self._probe_could_pay(batch_size, rows, budget):
                     if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
                         self.look_back_due = self._probe_done = True
                         return cfg
@@ -203,6 +213,7 @@ class AdaptiveDispatcher:
         else:
             self._since_draft = 0
             self._probe_wait = self.probe_every  # drafting pays again: probe soon after the next pause
+            self._explore = False  # it drafts: its own acceptance is being observed
         self._probe_done = False
         return cfg
 
