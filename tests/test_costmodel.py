@@ -617,7 +617,8 @@ def test_paused_dispatcher_chooses_again_only_on_new_evidence(monkeypatch):
     real = dispatch.choose
     monkeypatch.setattr(dispatch, "choose", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     costly = flat_costs(per_token=0.01)  # nothing pays without acceptance: the dispatcher pauses
-    d = dispatch.AdaptiveDispatcher(costly, repick_every=1, probe_every=8, max_probe_every=8, probe_steps=1)
+    d = dispatch.AdaptiveDispatcher(costly, repick_every=1, probe_every=8, max_probe_every=8, probe_steps=1,
+                                    batched_probe_optimism=1.5)  # the batch-2 probe below is made
     d.start_row(0)
     assert not d.pick(1, [0]).drafts and len(calls) == 1
     for _ in range(5):  # paused, no probe yet: no new evidence
@@ -690,6 +691,32 @@ def test_each_request_alone_gets_one_look_back_even_where_the_pool_says_no_recov
     d = AdaptiveDispatcher(costly, repick_every=1, probe_every=4, max_probe_every=64, probe_steps=1, prior=low)
     d.start_row(0)
     assert _probed_steps(d, 120) == []  # without look-back a probe drafts: the rule alone decides
+
+
+def test_a_batch_of_several_probes_only_where_a_smaller_recovery_would_pay():
+    """With several rows a probe needs drafting to pay at ``batched_probe_optimism`` (1.2) times the rows' mean
+    acceptance, not 1.5 times: a batch's mean moves less than one request's."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costly = flat_costs(per_token=0.01)  # batch 4: a chain of 1 needs ~85% depth-1 acceptance past the 1.10 margin
+
+    def look_backs(**kw):
+        d = AdaptiveDispatcher(costly, repick_every=1, probe_every=2, max_probe_every=8, probe_steps=1,
+                               prior=AcceptanceTracker(prior=(0.6,) * 8, weight=1e6), **kw)
+        for r in range(4):
+            d.start_row(r)
+        seen = 0
+        for _ in range(40):
+            assert not d.pick(4, [0, 1, 2, 3], look_back=True).drafts
+            if d.look_back_due:
+                seen += 1
+                d.observe_look_back([0, 1, 2, 3], [0.0] * 4, [0] * 4)
+        return seen
+
+    assert look_backs() == 0  # 1.2 x 60% = 72%: could not pay
+    assert look_backs(batched_probe_optimism=1.5) > 0  # 1.5 x 60% = 90% could: probed as before
+    with pytest.raises(ValueError, match="batched_probe_optimism"):
+        AdaptiveDispatcher(costly, batched_probe_optimism=0.9)
 
 
 def _simulate(dispatcher, accept, steps, seed):
@@ -1041,7 +1068,8 @@ def test_a_look_back_probe_scores_the_guesses_a_chain_would_have_drafted(monkeyp
     from eaglespec.spec import dispatch
     monkeypatch.setattr(dispatch, "PROBE_COST_STEPS", 0.0)
     d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
-                           repick_every=1, probe_every=6, max_probe_every=6, batched_margin=1.02)
+                           repick_every=1, probe_every=6, max_probe_every=6, batched_margin=1.02,
+                           batched_probe_optimism=1.5)
     seen, scored = [], []
     observe = d.observe_look_back
     d.observe_look_back = lambda rows, hits, tries: seen.append((list(rows), list(hits), list(tries))) or \
@@ -1121,7 +1149,8 @@ def test_a_sampled_look_back_probe_scores_the_chances_a_sampled_chain_would_have
     monkeypatch.setattr(prop, "LOOK_BACK", 3)
     monkeypatch.setattr(dispatch, "PROBE_COST_STEPS", 0.0)
     d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
-                           repick_every=1, probe_every=6, max_probe_every=6, batched_margin=1.02)
+                           repick_every=1, probe_every=6, max_probe_every=6, batched_margin=1.02,
+                           batched_probe_optimism=1.5)
     d.pools[True] = AcceptanceTracker(prior=(0.16,) * 8)  # sampled requests start from their own pool
     seen = []
     observe = d.observe_look_back
@@ -1219,7 +1248,8 @@ def test_a_paused_dispatcher_does_not_probe_where_too_few_tokens_are_left_to_rep
 
     def probes(budget_of):  # budget_of(step) -> the rows' budgets at that step
         d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.3, 0.3), weight=1e6),
-                               repick_every=1, probe_every=4, max_probe_every=16, batched_margin=1.02)
+                               repick_every=1, probe_every=4, max_probe_every=16, batched_margin=1.02,
+                               batched_probe_optimism=1.5)
         d.start_row(0)
         d.start_row(1)
         at = []

@@ -55,6 +55,14 @@ calibration version 16 priced a batch-4 chain of 1 at 1.52 plain steps where the
 before. Requiring a gain larger than the model's error there gives up batched gains below ~10% (the chain of 1
 won more than that in one batch-4 cell of those matrices, HumanEval at 1.12x, and 0.99x in the next run)."""
 
+BATCHED_PROBE_OPTIMISM = 1.2
+"""``probe_optimism`` for a batch of several requests (alone: 1.5): a probe is made only where drafting would pay
+at this many times the rows' mean acceptance. A batch's mean moves less than one request's, and with
+``BATCHED_MARGIN`` a recovery must be large to resume drafting: in session 21's matrix on the 2-core EPYC
+(`docs/results/epyc-2026-11-28-s21/m1/`) `--tree auto` at batch 4 drafted 21 chain-of-1 rounds of ~8900 at T=0
+while its probes' catch-ups (every row's prompt and recorded pairs) cost 0.7-1.8% of the wall time over vanilla's
+in the paused cells, which ran 0.951-1.005x."""
+
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
 )
@@ -66,12 +74,14 @@ class AdaptiveDispatcher:
     def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
                  margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4,
-                 probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN):
+                 probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
+                 batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
-        if probe_optimism < 1.0:
-            raise ValueError(f"probe_optimism must be >= 1, got {probe_optimism}")
+        if probe_optimism < 1.0 or batched_probe_optimism < 1.0:
+            raise ValueError(f"probe_optimism and batched_probe_optimism must be >= 1, got {probe_optimism} and "
+                             f"{batched_probe_optimism}")
         if margin < 1.0 or batched_margin < 1.0:
             raise ValueError(f"margins must be >= 1, got {margin} and {batched_margin}")
         self.costs = costs
@@ -85,7 +95,7 @@ class AdaptiveDispatcher:
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.batched_margin = batched_margin
         self.max_probe_every, self.probe_steps = max_probe_every, probe_steps
-        self.probe_optimism = probe_optimism
+        self.probe_optimism, self.batched_probe_optimism = probe_optimism, batched_probe_optimism
         self._probe_wait = probe_every  # steps until the next probe while paused (doubles after each probe)
         self._probe_left = 0  # steps left in the current probe run
         self._probe: TreeStrategy = self.none
@@ -228,8 +238,8 @@ class AdaptiveDispatcher:
         return self._sampled_costs if any(self._sampled.get(r, False) for r in rows) else self.costs
 
     def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None) -> bool:
-        """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now (at
-        every depth, at most 1), and by enough, over the most tokens a row has left (``budget``), to win back
+        """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now
+        (``batched_probe_optimism`` with several rows; at every depth, at most 1), and by enough, over the most tokens a row has left (``budget``), to win back
         what the probe costs (``PROBE_COST_STEPS`` plain steps): a probe costs a catch-up over every pair
         recorded while paused (1-2% of the paused steps at batch 4 on a 2-core Xeon), which is wasted where no
         plausible recovery makes a tree pay (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and
@@ -237,7 +247,8 @@ class AdaptiveDispatcher:
         tokens saves R * (1 - 1/S) plain steps (a 128-token request's third probe, 16 tokens before its end,
         saves at most 0.3 of a step at S = 1.02)."""
         rates = self._batch_tracker(rows).rates()
-        hopeful = AcceptanceTracker(1.0, tuple(min(1.0, self.probe_optimism * r) for r in rates), 1.0)
+        optimism = self.probe_optimism if batch_size <= 1 else self.batched_probe_optimism
+        hopeful = AcceptanceTracker(1.0, tuple(min(1.0, optimism * r) for r in rates), 1.0)
         best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size), self._context)
         if best.label == PLAIN:
             return False
