@@ -129,3 +129,18 @@ def assert_block_equals_decodes(model, tokens, prefix: int, hidden_indices):
         assert torch.equal(one.aux[0, 0], block.aux[0, t]), f"token {t}: activations differ"
         assert torch.equal(one.logits[0, 0], block.logits[0, t]), f"token {t}: logits differ"
     return block, caches
+
+
+def count_kernel_calls(monkeypatch, name: str) -> list:
+    """Count the calls of ``torch.ops.eaglespec.<name>`` for the rest of the test (every other op of ours as it
+    is): returns the list that gets one entry a call."""
+    calls: list = []
+    ops = torch.ops.eaglespec
+
+    class Ops:
+        def __getattr__(self, attr):
+            op = getattr(ops, attr)
+            return (lambda *a: calls.append(1) or op(*a)) if attr == name else op
+
+    monkeypatch.setattr(torch.ops, "eaglespec", Ops())
+    return calls

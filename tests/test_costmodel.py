@@ -832,7 +832,8 @@ def test_calibration_measures_the_paused_step_with_its_catch_ups(monkeypatch):
     assert got[1] == pytest.approx(0.001 + 2 * 0.040 / 16)  # the slow stretch is in both steps of a pair: no cost
     assert set(got) == {1, 2, 4}
     asked = []
-    monkeypatch.setattr(cal, "_paired_steps", lambda t, p, b, n, prompt, temperature=0.0: asked.append(n) or paired(t, p, b, n, prompt))
+    monkeypatch.setattr(cal, "_paired_steps",
+                        lambda t, p, b, n, prompt, temperature=0.0: asked.append(n) or paired(t, p, b, n, prompt))
     cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=8), batches=(1,), reps=1)
     cal.measure_paused(SimpleNamespace(), lambda tree: SimpleNamespace(max_lag=256), batches=(1,), reps=1)
     assert asked == [36, cal.PAUSED_STEPS + 4]  # 2 x max(buffer, 16), a request at most

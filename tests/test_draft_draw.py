@@ -3,7 +3,7 @@
 
 import pytest
 import torch
-from helpers import tiny_target
+from helpers import count_kernel_calls, tiny_target
 from test_speculative import make_head
 
 from eaglespec.runtime import cpu_kernels
@@ -39,19 +39,8 @@ def test_the_kernel_draws_the_torch_rules_children(proposer, monkeypatch):
     B, K = len(temps), 3
     o = torch.randn(B, K, proposer.head.config.hidden_size, generator=g) * 4
     seeds = list(range(B))
-    calls = []
-    ops = torch.ops.eaglespec
-
-    class Ops:
-        def __getattr__(self, name):
-            return getattr(ops, name)
-
-        def draft_draw(self, *a):
-            calls.append(1)
-            return ops.draft_draw(*a)
-
     with monkeypatch.context() as m:
-        m.setattr(torch.ops, "eaglespec", Ops())
+        calls = count_kernel_calls(m, "draft_draw")
         ids, lq, q = _children(proposer, o, temps, seeds, True, monkeypatch)
     assert calls == [1]
     want_ids, want_lq, want_q = _children(proposer, o, temps, seeds, False, monkeypatch)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import count_kernel_calls
 from stats import P_VALUE_MIN, chi_square
 
 from eaglespec.spec import verify
@@ -364,20 +365,10 @@ def chain_kernel(monkeypatch, on: bool) -> None:
 def test_speculative_sampling_of_chains_reproduces_the_target_distribution(sampled, kernel, monkeypatch):
     use_chain_of_3(monkeypatch)
     chain_kernel(monkeypatch, kernel)
-    calls = []
     if kernel:
-        ops = torch.ops.eaglespec
-
-        class Ops:  # counts the kernel's calls, every other op as it is
-            def __getattr__(self, name):
-                return getattr(ops, name)
-
-            def verify_chain_sampled(self, *a):
-                calls.append(1)
-                return ops.verify_chain_sampled(*a)
-
-        monkeypatch.setattr(torch.ops, "eaglespec", Ops())
+        calls = count_kernel_calls(monkeypatch, "verify_chain_sampled")
     else:
+        calls = []
         real = verify._verify_chain_sampling
         monkeypatch.setattr(verify, "_verify_chain_sampling", lambda *a: calls.append(1) or real(*a))
     target, draft = tables(12)

@@ -5,6 +5,7 @@ on and off)."""
 
 import pytest
 import torch
+from helpers import count_kernel_calls
 from test_verify import make_tree
 
 from eaglespec.runtime import cpu_kernels
@@ -60,19 +61,8 @@ def test_the_kernel_gives_the_torch_rules_verdict(V, N, sampled, monkeypatch):
     g = torch.Generator().manual_seed(V + 10 * N + sampled)
     B = 400 if V < 49152 else 24
     tree, probs, u, u_bonus = _chains(g, B, N, V, sampled)
-    calls = []
-    ops = torch.ops.eaglespec
-
-    class Ops:
-        def __getattr__(self, name):
-            return getattr(ops, name)
-
-        def verify_chain_sampled(self, *a):
-            calls.append(1)
-            return ops.verify_chain_sampled(*a)
-
     with monkeypatch.context() as m:
-        m.setattr(torch.ops, "eaglespec", Ops())
+        calls = count_kernel_calls(m, "verify_chain_sampled")
         got = verify.verify_sampling(tree, probs, u, u_bonus, sampled, max_depth=N - 1)
     assert calls == [1]
     want = _torch_verdict(monkeypatch, tree, probs, u, u_bonus, sampled, max_depth=N - 1)

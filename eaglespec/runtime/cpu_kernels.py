@@ -3,9 +3,9 @@
 Why by hand: see each source (``w4a8.cpp``: the int4 x int8 matmul; ``row_attention.cpp``: attention whose
 result for a query does not depend on the other queries in the call; ``rms_norm.cpp``: a norm in one call;
 ``select.cpp``: argmax, top-k and inverse-CDF draws of vocabulary rows; ``verify_chain.cpp``: a sampled chain's
-verification in one call; ``draft_draw.cpp``: the draft head's sampled children in one call; ``layer_elementwise.cpp``: rotary
-and SwiGLU in one call each; ``layer_step.cpp``: a packed decoder layer of a decode step in one call). They
-need AVX-512 with VNNI
+verification in one call; ``draft_draw.cpp``: the draft head's sampled children in one call;
+``layer_elementwise.cpp``: rotary and SwiGLU in one call each; ``layer_step.cpp``: a packed decoder layer of a
+decode step in one call). They need AVX-512 with VNNI
 on x86-64 Linux and a C++ compiler: torch's extension builder (ninja + g++/clang) compiles them into one
 library under the cache directory the first time (~20 s), and later processes load it (a changed source,
 flag or torch version builds a new one). Where they cannot run,
@@ -128,7 +128,8 @@ def _register_fakes() -> None:
         tokens.new_empty((p.shape[0], width)), tokens.new_empty(p.shape[:1]), tokens.new_empty(p.shape[:1]),
         p.new_empty(p.shape[:1])))
     register("draft_draw", lambda logits, temperature, u, d2t, vocab: (
-        d2t.new_empty(logits.shape[:2]), logits.new_empty(logits.shape[:2]), logits.new_empty((*logits.shape[:2], vocab))))
+        d2t.new_empty(logits.shape[:2]), logits.new_empty(logits.shape[:2]),
+        logits.new_empty((*logits.shape[:2], vocab))))
 
 
 def available(cache_dir: str | Path | None = None) -> bool:

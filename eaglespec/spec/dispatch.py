@@ -12,8 +12,10 @@ per-request acceptance (``costmodel.py`` has the formulas).
   what the probe saw, so acceptance that recovers is seen again; each probe after which drafting still does
   not pay doubles the wait (up to ``max_probe_every``); a request alone in the batch starts the waits over (it
   starts from the pooled acceptance of the requests before it, which may have paused for reasons of their
-  own). A probe LOOKS BACK when the proposer can (``pick(..., look_back=True)``: lazily recorded paused
-  pairs): the step stays plain, the proposer catches its draft cache up over the recorded pairs and scores,
+  own), and gets one look-back even where the pooled acceptance says no recovery could pay (a skipped probe
+  observes nothing, so a pool dragged low would stay low). A probe LOOKS BACK when the proposer can
+  (``pick(..., look_back=True)``: lazily recorded paused pairs): the step stays plain, the proposer catches its
+  draft cache up over the recorded pairs and scores,
   at each of the latest of them, the chance that the root child a chain of 1 would have drafted there was
   accepted, from the token the target drew next (``observe_look_back``): depth-1 acceptance at up to 32
   positions for the price of a catch-up, which resuming drafting needs anyway. (Greedy drafts: the hit of
@@ -239,9 +241,10 @@ class AdaptiveDispatcher:
 
     def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None) -> bool:
         """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now
-        (``batched_probe_optimism`` with several rows; at every depth, at most 1), and by enough, over the most tokens a row has left (``budget``), to win back
-        what the probe costs (``PROBE_COST_STEPS`` plain steps): a probe costs a catch-up over every pair
-        recorded while paused (1-2% of the paused steps at batch 4 on a 2-core Xeon), which is wasted where no
+        (``batched_probe_optimism`` with several rows; at every depth, at most 1), and by enough, over the most
+        tokens a row has left (``budget``), to win back what the probe costs (``PROBE_COST_STEPS`` plain steps):
+        a probe costs a catch-up over every pair recorded while paused (1-2% of the paused steps at batch 4 on a
+        2-core Xeon), which is wasted where no
         plausible recovery makes a tree pay (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and
         T=1 requests showed ~0.25), or where too few tokens are left for it to: resuming at speedup S over R
         tokens saves R * (1 - 1/S) plain steps (a 128-token request's third probe, 16 tokens before its end,
