@@ -71,16 +71,19 @@ def test_calibration_measures_a_stalled_point_again(monkeypatch):
     from helpers import tiny_target
 
     target, _ = tiny_target("llama")
-    real, calls = cal._time, []
+    real, calls = cal._time_rounds, []
 
-    def stall_first(fn, warmup=1, reps=2):  # the first forward measured, verify(1, 1), hits a 5 s stall
-        calls.append(fn)
-        return 5.0 if len(calls) == 1 else real(fn, warmup, reps)
+    def stall_first(fns, warmup=1, **kw):  # the first round of batch 1 reads verify(1, 1) in a 5 s stall
+        calls.append(list(fns))
+        got = real(fns, warmup, **kw)
+        return {**got, (16, 1, 1): 5.0} if len(calls) == 1 else got
 
-    monkeypatch.setattr(cal, "_time", stall_first)
+    monkeypatch.setattr(cal, "_time_rounds", stall_first)
     verify = cal.measure_verify(target.model, batches=(1, 2), tokens=(1, 2, 4), prefix=16)
-    # six points, then verify(1, 1) again first (other points too if this machine's noise stalls them)
-    assert len(calls) >= 7 and calls[6] is calls[0]
+    # each batch size's forwards in one set of rounds, then verify(1, 1) again (and any other point this
+    # machine's noise stalled)
+    assert calls[:2] == [[(16, 1, n) for n in (1, 2, 4)], [(16, 2, n) for n in (1, 2, 4)]]
+    assert (16, 1, 1) in calls[2]
     assert verify[(1, 1)] < 5.0
 
 
@@ -92,17 +95,43 @@ def test_calibration_measures_again_a_point_read_slightly_above_a_larger_forward
 
     target, _ = tiny_target("llama")
     calls = []
+    rounds = [{1: 1.0, 2: 4.4, 4: 4.0}, {2: 2.0}]  # ms: the batch's rounds (verify(1, 2) stalled), then (1, 2) again
 
-    readings = [1.0, 4.4, 4.0, 2.0]  # ms: verify(1, 1), (1, 2) stalled, (1, 4), then (1, 2) again
+    def timed(fns, warmup=1, **kw):
+        calls.append(list(fns))
+        return {k: rounds[len(calls) - 1][k[2]] * 1e-3 for k in fns}
 
-    def timed(fn, warmup=1, reps=2):
-        calls.append(fn)
-        return readings[len(calls) - 1] * 1e-3
-
-    monkeypatch.setattr(cal, "_time", timed)
+    monkeypatch.setattr(cal, "_time_rounds", timed)
     verify = cal.measure_verify(target.model, batches=(1,), tokens=(1, 2, 4), prefix=16)
-    assert len(calls) == 4 and calls[3] is calls[1]
+    assert calls == [[(16, 1, 1), (16, 1, 2), (16, 1, 4)], [(16, 1, 2)]]
     assert verify == {(1, 1): 1e-3, (1, 2): 2e-3, (1, 4): 4e-3}
+
+
+def test_forwards_are_timed_in_rounds_so_a_burst_spoils_one_reading_of_each(monkeypatch):
+    """A burst of load over four consecutive calls: timed in rounds (every forward once a round) it hits one
+    reading of each forward and the quickest reading is the quiet one; timed one forward after another (until
+    calibration version 18) it hit all the readings of one, which priced verify(1, 2) 10% high on the EPYC."""
+    from eaglespec.engine import calibrate as cal
+
+    clock, log = [0.0], []
+
+    def forward(name, cost):
+        def run():
+            log.append(name)
+            clock[0] += cost * (3.0 if 4 <= len(log) <= 7 else 1.0)  # calls 4-7 run 3x slower
+        return run
+
+    monkeypatch.setattr(cal.time, "perf_counter", lambda: clock[0])
+    got = cal._time_rounds({"a": forward("a", 0.001), "b": forward("b", 0.002)}, warmup=1, rounds=3, max_rounds=3)
+    assert log == ["a", "b"] * 4  # a warm-up round, then three rounds
+    assert got == pytest.approx({"a": 0.001, "b": 0.002})
+    # the budget: more rounds (up to max_rounds) while they take under budget_s per function
+    log.clear()
+    cal._time_rounds({"a": forward("a", 0.001)}, warmup=0, rounds=2, max_rounds=5, budget_s=1.0)
+    assert len(log) == 5
+    log.clear()
+    cal._time_rounds({"a": forward("a", 0.6)}, warmup=0, rounds=1, max_rounds=5, budget_s=1.0)
+    assert len(log) == 2  # 0.6 s, then 1.2 s (or more) spent: over the budget
 
 
 def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
@@ -112,8 +141,7 @@ def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
     from eaglespec.engine import calibrate as cal
 
     verify = {(1, 1): 0.00565, (1, 2): 0.0066, (2, 1): 0.008, (2, 2): 0.009}
-    monkeypatch.setattr(cal, "measure_verify", lambda model, batches: dict(verify))
-    monkeypatch.setattr(cal, "measure_context", lambda model, v, batches: {})
+    monkeypatch.setattr(cal, "measure_verify_and_context", lambda model, batches: (dict(verify), {}))
     def plain_steps(target, batches, temperature=0.0, beyond=None):  # the steps less their forwards
         beyond.update({1: 0.0009, 2: 0.0009} if temperature else {1: 0.0007, 2: 0.0007})
         return {1: 0.0049 + (0.0004 if temperature else 0.0), 2: 0.0085 + (0.0006 if temperature else 0.0)}
@@ -750,16 +778,17 @@ def test_dispatcher_keeps_drafting_a_head_that_pays_near_break_even():
 
 
 def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypatch):
-    """A tree's price is at least the median difference of its engine steps and a plain engine's, stepped in
-    turns, less the forwards' priced difference (the tree's own verification and commit work, and a forward
-    dearer in the engine than alone, count); never less than its measured drafting; stalls that hit a few
-    steps leave it alone; a plain step's overhead is its median engine step less the forward, and at most
-    the steps less their own forwards, whose stalls leave it alone."""
+    """A tree's step is priced at the median ratio of its engine steps to a plain engine's, stepped in turns,
+    times the priced plain step (the tree's own verification and commit work, and a forward dearer in the
+    engine than alone, count; a forward priced too high alone does not make the step dearer; a machine
+    slower than when the forwards were timed does not either); stalls that hit a few steps leave it alone; a plain step's overhead is its median engine step less the forward, and at
+    most the steps less their own forwards, whose stalls leave it alone."""
     from types import SimpleNamespace
 
     from eaglespec.engine import calibrate as cal
 
-    machine = {"tree_nf": 0.005, "tree_fw": 0.0115, "plain_fw": 0.010, "stalled": (), "tree_only": False}
+    machine = {"tree_nf": 0.005, "tree_fw": 0.0115, "plain_fw": 0.010, "stalled": (), "tree_only": False,
+               "pace": 1.0}
 
     def steps(target, proposer, batch, n, prompt, temperature=0.0, forwards=None):  # 9 steps and one stall
         stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))  # drafting 1 ms a step
@@ -771,8 +800,8 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
     def paired(target, proposer, batch, n, prompt, temperature=0.0):  # the tree's steps and the plain ones
         stats = SimpleNamespace(target_forwards=n - 1, draft_s=0.001 * (n - 1))
         slow = [1.5 if i in machine["stalled"] else 1.0 for i in range(11)]
-        tree = [machine["tree_fw"] * k + machine["tree_nf"] for k in slow]
-        plain = [0.010 * (1.0 if machine["tree_only"] else k) + 0.002 for k in slow]
+        tree = [(machine["tree_fw"] * k + machine["tree_nf"]) * machine["pace"] for k in slow]
+        plain = [(0.010 * (1.0 if machine["tree_only"] else k) + 0.002) * machine["pace"] for k in slow]
         return tree, plain, stats
 
     monkeypatch.setattr(cal, "_step_times", steps)
@@ -793,11 +822,18 @@ def test_calibration_counts_what_a_tree_step_costs_beyond_its_drafting(monkeypat
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs) == pytest.approx(with_steps)
     machine["tree_only"] = True  # ... or over three of the tree's steps alone
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs) == pytest.approx(with_steps)
+    machine.update(stalled=(), tree_only=False, pace=1.3)  # the whole machine 30% slower than when the forwards
+    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs) == pytest.approx(with_steps)
+    machine["pace"] = 1.0  # were timed: the steps' difference reads 30% more (5.85 ms), their ratio does not
     machine.update(stalled=(), tree_fw=0.030)  # its forward 20 ms dearer in the engine where 1 is priced
     assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)[(1, "chain1")] == \
         pytest.approx(0.030 + 0.005 - 0.012 - 0.001)
-    machine.update(tree_nf=0.002, tree_fw=0.010)  # as cheap as a plain step: its drafting is the floor
-    assert cal.measure_draft(target, lambda t: object(), trees, (1, 2), costs)[(1, "chain1")] == pytest.approx(0.001)
+    machine.update(tree_fw=0.0115)
+    # forwards of 2 tokens and more read 4 ms high alone (a stall): priced 5 ms above a 1-token one, not 1
+    stalled = CostTable({k: s + (0.004 if k[1] > 1 else 0.0) for k, s in verify.items()}, {}, overhead=overhead)
+    got = cal.measure_draft(target, lambda t: object(), trees, (1, 2), stalled)
+    assert got[(1, "chain1")] == pytest.approx(0.0045 - 0.005)  # below the head's own 1 ms (until version 18 ...
+    assert got[(1, "chain1")] + stalled.verify_cost(1, 2) == pytest.approx(0.0165)  # ... 4 ms high): the engine's step
 
 
 def test_a_paused_step_is_not_free_and_a_break_even_chain_beats_it():
@@ -974,20 +1010,25 @@ def test_calibration_measures_the_cost_per_context_token(monkeypatch):
 
     asked = []
 
-    def verify_at(model, batches, tokens, prefix):  # 10 ms + 4 us per context token per verified token
-        asked.append(prefix)
-        return {(b, n): 0.010 + 4e-6 * n * prefix for b in batches for n in tokens}
+    def forwards_at(model, batches, tokens, prefixes):  # 10 ms + 4 us per context token per verified token
+        asked.append(tuple(prefixes))
+        return {p: {(b, n): 0.010 + 4e-6 * n * p for b in batches for n in tokens} for p in prefixes}
 
-    monkeypatch.setattr(cal, "measure_verify", verify_at)
+    monkeypatch.setattr(cal, "measure_forwards", forwards_at)
     model = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=2048))
-    base = verify_at(model, (1, 4), (1, 2), 128)
-    got = cal.measure_context(model, base, (1, 4), (1, 2), 128, (320, 512))
-    assert asked == [128, 320, 512] and got == pytest.approx({(b, n): 4e-6 * n for b in (1, 4) for n in (1, 2)})
+    base, got = cal.measure_verify_and_context(model, (1, 4), (1, 2), 128, (320, 512))
+    assert asked == [(128, 320, 512)]  # every prefix in the same rounds
+    assert base == pytest.approx({(b, n): 0.010 + 4e-6 * n * 128 for b in (1, 4) for n in (1, 2)})
+    assert got == pytest.approx({(b, n): 4e-6 * n for b in (1, 4) for n in (1, 2)})
     small = SimpleNamespace(args=SimpleNamespace(max_position_embeddings=400))  # holds 320 + 2 + 1, not 512
-    assert set(cal.measure_context(small, base, (1, 4), (1, 2), 128, (320, 512))) == set(base)
-    assert asked[-1] == 320
-    assert cal.measure_context(SimpleNamespace(args=SimpleNamespace(max_position_embeddings=200)), base,
-                               (1, 4), (1, 2), 128, (320, 512)) == {}
+    assert set(cal.measure_verify_and_context(small, (1, 4), (1, 2), 128, (320, 512))[1]) == set(base)
+    assert asked[-1] == (128, 320)
+    assert cal.measure_verify_and_context(SimpleNamespace(args=SimpleNamespace(max_position_embeddings=200)),
+                                          (1, 4), (1, 2), 128, (320, 512))[1] == {}
+    assert asked[-1] == (128,)
+    # the least-squares line through noisy points
+    assert cal.context_slopes({100: {(1, 1): 1.0}, 200: {(1, 1): 2.2}, 300: {(1, 1): 2.8}}) == \
+        pytest.approx({(1, 1): 0.009})
     table = CostTable(base, {}, context=got, prefix=128)
     again = cal._from_json(cal._to_json(table))
     assert again.context == pytest.approx(got) and again.prefix == 128

@@ -3,14 +3,13 @@
 What a speculative step costs depends on the CPU (a 2-token float32 forward costs 1.07x a 1-token one on one
 Xeon, 1.66x on one EPYC), the precision, the thread count and the batch size, so no table tuned elsewhere can
 say which tree pays. ``calibrate`` measures, with warm-up:
-  * verify(b, n): a target forward of n tokens per row at batch b over a fixed prefix, and again over two
-    longer ones: its cost per context token (every verified token attends to the whole context);
+  * verify(b, n): a target forward of n tokens per row at batch b over a fixed prefix, and over two longer
+    ones in the same rounds: its cost per context token (every verified token attends to the whole context);
   * overhead(b): the engine's per-step work beyond the forward (verification, sampling, host read): the
     median plain engine step, each step timed on its own, less verify(b, 1); every step pays it;
   * draft(b, shape): what each candidate tree shape costs per step beyond its forward and the overhead, by
-    running the engine with that shape on a fixed prompt (the real head, the real tree code): the draft
-    seconds of a long decode less a short one's per extra step, or its median step less verify and
-    overhead, whichever is larger;
+    running the engine with that shape on a fixed prompt (the real head, the real tree code) in turns with a
+    plain engine: the median ratio of their steps times the priced plain step, less the tree's priced forward;
   * paused(b): what a paused step (the head kept ready) costs beyond a plain one.
 The result (a ``costmodel.CostTable``) is cached as JSON under the cache directory, keyed by a fingerprint
 of the machine (CPU model, cores, threads, torch version), the model, its precision and the head, and reused
@@ -59,7 +58,10 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # less, sampled ones and batch 4 most
 # 17: the paused step from a paused and a plain engine stepped in turns (the median of their step differences);
 # sampled chains verify and draw their children in one kernel call each (verify_chain_sampled, draft_draw)
-CALIBRATION_VERSION = 17
+# 18: the forwards of a batch size (every n and prefix) timed in the same rounds; a tree's step priced at the median
+# ratio of its steps to a plain engine's stepped in turns, times the priced plain step (no longer at least the head's
+# own seconds beyond its priced forward)
+CALIBRATION_VERSION = 18
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
 VERIFY_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCHES = (1, 2, 4, 8)
@@ -82,82 +84,119 @@ def calibration_key(model_name: str, precision: str, head_id: str, batches: Sequ
     return hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
-def _time(fn, warmup: int = 1, reps: int = 2, max_reps: int = 7, budget_s: float = 0.25) -> float:
-    """The fastest of at least ``reps`` timed calls, more (up to ``max_reps``) while they take under
-    ``budget_s`` together: a 2-token forward is cheap enough to time 7 times, and with 2 a stall in both
-    read 18.3 ms for it against 18.7 ms for 4 tokens (15.8 in the run before) on a 2-core EPYC."""
+def _time_rounds(fns: Mapping, warmup: int = 1, rounds: int = 3, max_rounds: int = 7,
+                 budget_s: float = 0.25) -> dict:
+    """The fastest of each of ``fns``' timed calls (key -> seconds), the calls made in rounds: each round
+    calls every function once, in order, so that a burst of load on a shared machine slows one reading of
+    each, not all the readings of some. At least ``rounds`` rounds, more (up to ``max_rounds``) while they
+    have taken under ``budget_s`` per function. Until calibration version 18 each forward was timed alone,
+    up to 7 times in a row: on the drifting 2-core EPYC a burst over one forward's readings priced
+    verify(1, 2) at 1.19x verify(1, 1) where they are 1.07-1.09x apart, and the chain of 1's step at 1.43
+    plain steps where the engine ran it at 1.28-1.32."""
+    fns = dict(fns)
     for _ in range(warmup):
-        fn()
-    best, spent, n = float("inf"), 0.0, 0
-    while n < reps or (n < max_reps and spent < budget_s):
-        t = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t
-        best, spent, n = min(best, dt), spent + dt, n + 1
+        for fn in fns.values():
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
+    spent, n = 0.0, 0
+    while fns and (n < rounds or (n < max_rounds and spent < budget_s * len(fns))):
+        for key, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t
+            best[key], spent = min(best[key], dt), spent + dt
+        n += 1
     return best
 
 
+def _room(model, tokens: Sequence[int]) -> int:
+    """The longest prefix the model's context holds ahead of a forward of ``max(tokens)`` tokens."""
+    return int(getattr(model.args, "max_position_embeddings", 0) or 0) - max(tokens) - 1
+
+
 @torch.inference_mode()
-def measure_context(model, base: Mapping[tuple[int, int], float], batches: Sequence[int] | None = None,
-                    tokens: Sequence[int] | None = None, prefix: int | None = None,
-                    longer: Sequence[int] | None = None) -> dict[tuple[int, int], float]:
-    """Seconds per context token of each verify(b, n): the forwards of ``base`` (measured over ``prefix``
-    cached tokens) measured again over each of ``longer`` prefixes, the slope of the least-squares line through
-    the points. Prefixes the model's context cannot hold are left out; with none left, no slopes ({})."""
-    batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
-    room = int(getattr(model.args, "max_position_embeddings", 0) or 0) - max(tokens) - 1
-    longer = [p for p in (longer or LONG_PREFIXES) if prefix < p <= room]
-    if not longer:
+def measure_forwards(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
+                     prefixes: Sequence[int] | None = None, retries: int = 3) -> dict[int, dict[tuple[int, int], float]]:
+    """prefix -> (b, n) -> seconds of a target forward of n tokens per row (logits at all of them) at batch b
+    over ``prefix`` cached tokens: the quickest of 3-7 readings after a warm-up (``_time_rounds``), the
+    forwards of one batch size, at every n and prefix, timed in the same rounds. Points of one prefix that
+    cost more than a larger forward of it at all (``CostTable.stalled`` with factor 1: the machine stalled)
+    are measured again, up to ``retries`` rounds. (Until calibration version 15 only those 1.2x above it
+    were: on the 2-core Xeon a stall read verify(1, 2) between 1.0 and 1.2x verify(1, 4), 5.07 ms where a
+    quiet reading is ~4.2, so it was kept capped at 5.07, the chain of 1 looked 0.8 ms a step dearer than it
+    is, and `--tree auto` paused a whole run where the chain of 1 ran 1.04x.)"""
+    batches, tokens = batches or BATCHES, tokens or VERIFY_TOKENS
+    prefixes = list(prefixes or (PREFIX,))
+    out: dict[int, dict[tuple[int, int], float]] = {p: {} for p in prefixes}
+    forwards = {}  # (prefix, b, n) -> the forward to time
+    dev = model.device
+    for b in batches:
+        rows = torch.arange(b, device=dev)
+        for prefix in prefixes:
+            cache = model.new_cache(b, prefix + max(tokens) + 1)
+            toks = torch.randint(0, model.args.vocab_size, (b, prefix), device=dev)
+            model(toks, torch.arange(prefix, device=dev).expand(b, -1), cache, rows=rows, prefill=True)
+            cache.advance(rows, torch.full((b,), prefix, device=dev))
+            for n in tokens:
+                t = torch.randint(0, model.args.vocab_size, (b, n), device=dev)
+                pos = (prefix + torch.arange(n, device=dev)).expand(b, -1)
+                mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)).expand(b, n, n) if n > 1 else None
+
+                def forward(t=t, pos=pos, cache=cache, rows=rows, mask=mask):
+                    model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all")
+                    synchronize(dev)  # a timed call ends when its kernels have run
+
+                forwards[(prefix, b, n)] = forward
+        timed = _time_rounds({k: f for k, f in forwards.items() if k[1] == b})
+        for (prefix, _, n), s in timed.items():
+            out[prefix][(b, n)] = s
+    for _ in range(retries):
+        stalled = [(p, b, n) for p, table in out.items() for b, n in CostTable(table, {}).stalled(factor=1.0)]
+        if not stalled:
+            break
+        log.info("calibration: measuring %d stalled point(s) again: %s", len(stalled), stalled)
+        for k, s in _time_rounds({k: forwards[k] for k in stalled}, warmup=0).items():
+            out[k[0]][k[1:]] = min(out[k[0]][k[1:]], s)
+    return out
+
+
+def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
+                   prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
+    """(b, n) -> seconds of a target forward of n tokens per row at batch b over ``prefix`` cached tokens
+    (``measure_forwards`` at one prefix)."""
+    prefix = prefix or PREFIX
+    return measure_forwards(model, batches, tokens, (prefix,), retries)[prefix]
+
+
+def context_slopes(at: Mapping[int, Mapping[tuple[int, int], float]]) -> dict[tuple[int, int], float]:
+    """Seconds per context token of each forward: the slope of the least-squares line through its cost at
+    each prefix (``at``: prefix -> (b, n) -> seconds, as ``measure_forwards`` returns); {} with fewer than
+    two prefixes."""
+    xs = sorted(at)
+    if len(xs) < 2:
         return {}
-    at = {p: measure_verify(model, batches, tokens, p) for p in longer}
-    xs = [prefix, *longer]
     mx = sum(xs) / len(xs)
     out = {}
-    for key, s0 in base.items():
-        ys = [s0, *(at[p][key] for p in longer)]
+    for key in at[xs[0]]:
+        ys = [at[x][key] for x in xs]
         my = sum(ys) / len(ys)
         out[key] = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     return out
 
 
-@torch.inference_mode()
-def measure_verify(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
-                   prefix: int | None = None, retries: int = 3) -> dict[tuple[int, int], float]:
-    """Seconds of a target forward of n tokens per row (logits at all of them) at batch b over ``prefix``
-    cached tokens (the minimum of 2-7 timed runs after a warm-up, ``_time``). Points that cost more than a
-    larger forward at all (``CostTable.stalled`` with factor 1: the machine stalled) are measured again, up to
-    ``retries`` rounds. (Until calibration version 15 only those 1.2x above it were: on the 2-core Xeon a stall
-    read verify(1, 2) between 1.0 and 1.2x verify(1, 4), 5.07 ms where a quiet reading is ~4.2, so it was kept
-    capped at 5.07, the chain of 1 looked 0.8 ms a step dearer than it is, and `--tree auto` paused a whole run
-    where the chain of 1 ran 1.04x.)"""
-    batches, tokens, prefix = batches or BATCHES, tokens or VERIFY_TOKENS, prefix or PREFIX
-    out: dict[tuple[int, int], float] = {}
-    forwards = {}  # (b, n) -> the forward to time
-    dev = model.device
-    for b in batches:
-        cache = model.new_cache(b, prefix + max(tokens) + 1)
-        rows = torch.arange(b, device=dev)
-        toks = torch.randint(0, model.args.vocab_size, (b, prefix), device=dev)
-        model(toks, torch.arange(prefix, device=dev).expand(b, -1), cache, rows=rows, prefill=True)
-        cache.advance(rows, torch.full((b,), prefix, device=dev))
-        for n in tokens:
-            t = torch.randint(0, model.args.vocab_size, (b, n), device=dev)
-            pos = (prefix + torch.arange(n, device=dev)).expand(b, -1)
-            mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=dev)).expand(b, n, n) if n > 1 else None
-            def forward(t=t, pos=pos, cache=cache, rows=rows, mask=mask):
-                model(t, pos, cache, rows=rows, block_mask=mask, logits_at="all")
-                synchronize(dev)  # a timed call ends when its kernels have run
-
-            forwards[(b, n)] = forward
-            out[(b, n)] = _time(forwards[(b, n)])
-    for _ in range(retries):
-        stalled = CostTable(out, {}).stalled(factor=1.0)
-        if not stalled:
-            break
-        log.info("calibration: measuring %d stalled point(s) again: %s", len(stalled), stalled)
-        for k in stalled:
-            out[k] = min(out[k], _time(forwards[k], warmup=0))
-    return out
+def measure_verify_and_context(model, batches: Sequence[int] | None = None, tokens: Sequence[int] | None = None,
+                               prefix: int | None = None, longer: Sequence[int] | None = None
+                               ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """(verify(b, n) over ``prefix`` cached tokens, its seconds per context token): the forwards timed over
+    ``prefix`` and each of ``longer`` prefixes in the same rounds (``measure_forwards``), the slope of the
+    least-squares line through the points. Prefixes the model's context cannot hold are left out; with none
+    left, no slopes ({}). Until calibration version 18 each prefix's forwards were timed a minute apart from
+    the others': on the drifting 2-core EPYC the slopes read 0 at every batch size (capped by noisy larger
+    ones) where interleaved readings give 0.2 ms per 100 tokens at batch 1 and 0.6 at batch 4."""
+    tokens, prefix = tokens or VERIFY_TOKENS, prefix or PREFIX
+    longer = [p for p in (longer or LONG_PREFIXES) if prefix < p <= _room(model, tokens)]
+    at = measure_forwards(model, batches, tokens, (prefix, *longer))
+    return at[prefix], context_slopes(at)
 
 
 # Steps of the short and the long run whose difference is timed: what a run pays once (the prompt, the draft
@@ -262,26 +301,30 @@ def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key
 def measure_draft(target, make_proposer, candidates: Mapping[str, object], batches: Sequence[int] | None = None,
                   costs: CostTable | None = None, reps: int = 3, temperature: float = 0.0) -> dict[tuple[int, str], float]:
     """Seconds per step that each candidate (label -> tree strategy) costs beyond its target forward and the
-    engine's per-step overhead, at each batch size. The engine runs a short and a long decode with that tree on
-    a fixed prompt (after a warm-up run): the extra draft seconds of the long run over its extra target
-    forwards are one step's drafting. With ``costs`` (given when the forwards and the overhead are measured
-    already) the long run is stepped in turns with a plain engine decoding the same requests (``_paired_steps``:
-    step i of each a few milliseconds apart), and the cost is at least the median difference of their i-th
-    steps less what ``costs`` prices for the difference of their forwards, ``verify(b, nodes) - verify(b,
-    1)``: what a tree step does besides drafting (verifying and compacting a tree, committing several tokens,
-    a forward dearer in the engine than alone) is the tree's cost too. On a 2-core EPYC a chain-of-1 step cost
-    1.39-1.40x a plain one in the benchmark's records while drafting + forwards + overhead summed to
-    1.27-1.32x. Until calibration version 13 the tree's median step less ``verify_cost(b, nodes)`` gave that
-    floor: absolute times of runs minutes apart from the forwards', which on a drifting VM priced the chain of
-    1's step at 1.19-1.26 plain steps where the benchmark's records showed ~1.33 (2-core Xeon, 2026-11-27).
-    Versions 13-14 took the ratio of the median steps of a tree run and of a plain run right after it: but on
-    that shared VM the other tenants slow the memory-bound forwards for a tenth of a second or more at a time
-    (the drafting, compute-bound, kept its 0.7-0.8 ms), and a stall that covered a tree's run read the chain
-    of 1's drafting at 0.8-2.0 ms in six readings of one minute; the calibration that kept 1.33 paused
-    `--tree auto` in a run where the chain of 1 ran 1.07x. Steps taken in turns share their stalls. (Leaving
-    the forwards out, steps less their own forwards, read 0.63-0.82 ms there but priced the chain of 1's step
-    at batch 4 at 8.90 ms where the engine ran it in 10.36: `--tree auto` drafted it at 0.974x;
-    ``docs/results/xeon-2026-11-27-s17/``.)
+    engine's per-step overhead, at each batch size, from engine runs with that tree on a fixed prompt (after a
+    warm-up run).
+
+    With ``costs`` (the forwards and the overhead measured already), the way calibration runs it: an engine
+    drafting with the tree and a plain engine decode the same requests stepped in turns (``_paired_steps``:
+    step i of each a few milliseconds apart, so that they share the machine's stalls), and the tree's step is
+    priced at the median ratio of their i-th steps times the plain step ``costs`` prices, ``verify(b, 1)``
+    (with the overhead); the cost is that less ``verify(b, nodes)``: whatever its forwards read alone, the
+    tree's step costs what the engine measured it to cost against a plain one. It can be negative (the
+    forwards' priced difference above what the engine pays for it). A ratio, not a difference: the machine's
+    pace drifts by a quarter within minutes on a shared VM (plain steps 3.9 then 4.8-5.5 ms on the 2-core EPYC
+    of session 22), which scales a difference of steps but not their ratio. Without ``costs``: the draft
+    seconds of a long run less a short one's, per extra target forward (the head's own time only).
+
+    History. Until calibration version 13 the floor was the tree's median step less ``verify_cost(b, nodes)``:
+    absolute times of runs minutes apart from the forwards', which on a drifting VM priced the chain of 1's
+    step at 1.19-1.26 plain steps where the benchmark's records showed ~1.33 (2-core Xeon, 2026-11-27).
+    Versions 13-14 took the ratio of the median steps of a tree run and of a plain run right after it: but
+    other tenants slow the memory-bound forwards for a tenth of a second or more at a time, and a stall over a
+    tree's run read the chain of 1's drafting at 0.8-2.0 ms in six readings of one minute
+    (``docs/results/xeon-2026-11-27-s17/``). Versions 15-17 priced the tree at the larger of the paired
+    difference and the head's own seconds (a short run's less a long run's): where a stall priced verify(1, 2)
+    high, the second won and carried the stall into the step (on the 2-core EPYC of session 21 the chain of 1's
+    step at 1.43 plain steps where the engine ran it at 1.28-1.32, the chain of 2's at 1.63 against 1.46-1.56).
 
     Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
     (a shared VM's steps slow from 9 to 14 ms for a second or two, then recover) spoils one reading of a tree,
@@ -289,9 +332,9 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     in quiet readings) and another at 16 ms, and `--tree auto` then paused where the chain of 1 ran at 1.13x."""
     batches = batches or BATCHES
     readings: dict[tuple[int, str], list[float]] = {}
-    # A short prompt: every reading prefills it three times (the short run and the two engines stepped in turns),
-    # at the largest batch too, and the costs read here are differences of steps at one context (64 tokens until
-    # version 15: a whole calibration took 164-167 s on the 2-core Xeon in five runs, 120 s with 16)
+    # A short prompt: every reading prefills it twice or three times, at the largest batch too, and the costs
+    # read here are differences of steps at one context (64 tokens until version 15: a whole calibration took
+    # 164-167 s on the 2-core Xeon in five runs, 120 s with 16)
     prompt = list(range(5, 5 + min(PREFIX, DRAFT_PROMPT)))
     measured = sorted({batches[0], batches[-1]})  # drafting grows slowly with batch: interpolate between
     trees = {label: tree for label, tree in candidates.items() if tree.drafts}  # a plain step drafts nothing
@@ -300,21 +343,17 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
             for b in measured:
                 if rep == 0 and b == measured[0]:  # warm-up, once per tree
                     _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt, temperature)
-                _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt, temperature)
-                pairs: list[tuple[float, float]] = []
-                if costs is not None:  # plain steps in turns with the tree's (see the docstring)
-                    times, plain, long = _paired_steps(target, make_proposer(tree), b, LONG_STEPS, prompt,
-                                                       temperature)
-                    pairs = list(zip(times, plain))
-                else:
-                    _, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
-                forwards = long.target_forwards - short.target_forwards
-                cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
-                    long.draft_s / max(long.target_forwards, 1)
-                if pairs:  # the pairs' median difference, less the forwards' priced difference
+                if costs is not None:  # the tree's steps and a plain engine's in turns (see the docstring)
+                    times, plain, _ = _paired_steps(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
                     context = len(prompt) + LONG_STEPS // 2
-                    priced = costs.verify_cost(b, tree.num_nodes, context) - costs.verify_cost(b, 1, context)
-                    cost = max(cost, statistics.median(t - p for t, p in pairs) - priced)
+                    ratio = statistics.median(t / p for t, p in zip(times, plain))
+                    cost = ratio * costs.verify_cost(b, 1, context) - costs.verify_cost(b, tree.num_nodes, context)
+                else:
+                    _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt, temperature)
+                    _, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
+                    forwards = long.target_forwards - short.target_forwards
+                    cost = (long.draft_s - short.draft_s) / forwards if forwards > 0 else \
+                        long.draft_s / max(long.target_forwards, 1)
                 readings.setdefault((b, label), []).append(cost)
     out = {key: statistics.median(values) for key, values in readings.items()}
     for label in trees:
@@ -332,7 +371,7 @@ def _chains_cost_at_least_shorter_chains(draft: dict[tuple[int, str], float], ca
 
     chains = sorted((tree.depth, label) for label, tree in candidates.items() if isinstance(tree, Chain))
     for b in sorted({b for b, _ in draft}):
-        floor = 0.0
+        floor = -float("inf")  # a tree's cost beyond its priced forward can be negative (measure_draft)
         for _, label in chains:
             if (b, label) in draft:
                 draft[(b, label)] = floor = max(draft[(b, label)], floor)
@@ -462,8 +501,7 @@ def calibrate(target, make_proposer, candidates: Mapping[str, object], batches: 
         phases[name] = phases.get(name, 0.0) + now - last
         last = now
 
-    verify = measure_verify(target.model, batches)
-    context = measure_context(target.model, verify, batches)
+    verify, context = measure_verify_and_context(target.model, batches)
     done("forwards")
     beyond: dict[int, float] = {}
     steps = measure_plain_steps(target, batches, beyond=beyond)
