@@ -1334,3 +1334,30 @@ def test_a_batch_of_several_requests_drafts_only_past_the_batched_margin():
     assert picks(0.15) == ("chain1", "chain1", 1.15)
     with pytest.raises(ValueError, match="margins must be >= 1"):
         AdaptiveDispatcher(costs, [Chain(1)], batched_margin=0.9)
+
+
+def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain_step(monkeypatch):
+    """Tree steps are timed at the smallest and largest batch sizes and at 4; between them, a tree's step is
+    priced at the interpolated ratio to a plain step, so a stalled verify(2, 2) does not make it dearer (until
+    calibration version 18 the seconds of drafting were interpolated and the stalled forward added to them)."""
+    from types import SimpleNamespace
+
+    from eaglespec.engine import calibrate as cal
+
+    asked = []
+
+    def paired(target, proposer, batch, n, prompt, temperature=0.0):  # a tree step: 1.3 plain steps at every batch
+        asked.append(batch)
+        plain = [0.01 * batch ** 0.5] * 10
+        return [1.3 * p for p in plain], plain, None
+
+    monkeypatch.setattr(cal, "_paired_steps", paired)
+    monkeypatch.setattr(cal, "_step_times", lambda *a, **k: ([], None))  # the warm-up
+    verify = {(b, n): 0.01 * b ** 0.5 * (1.0 + 0.1 * (n - 1)) for b in (1, 2, 4, 8) for n in (1, 2, 4)}
+    verify[(2, 2)] = 1.25 * verify[(2, 1)]  # a stall, below the larger forwards' readings
+    costs = CostTable(verify, {}, overhead={b: 0.0 for b in (1, 2, 4, 8)})
+    assert costs.verify_cost(2, 2) == pytest.approx(1.25 * verify[(2, 1)])
+    got = cal.measure_draft(SimpleNamespace(), lambda t: object(), {"chain1": Chain(1)}, (1, 2, 4, 8), costs, reps=1)
+    assert sorted(set(asked)) == [1, 4, 8]
+    for b in (1, 2, 4, 8):
+        assert got[(b, "chain1")] + costs.verify_cost(b, 2) == pytest.approx(1.3 * costs.verify_cost(b, 1))

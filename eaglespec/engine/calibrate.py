@@ -69,6 +69,7 @@ PREFIX = 128
 LONG_PREFIXES = (320, 512)  # the context slope: a least-squares line through PREFIX and these
 PAUSED_STEPS = 128  # a paused stretch as long as a typical request's generation
 DRAFT_PROMPT = 16  # tokens of the fixed prompt the trees' steps are timed on (measure_draft)
+TREE_BATCHES = (4,)  # batch sizes the trees' steps are timed at besides the smallest and the largest (measure_draft)
 
 
 def _fingerprint() -> str:
@@ -289,10 +290,12 @@ def _paired_steps(target, proposer, batch: int, steps: int, prompt: list[int],
 
 
 def _interpolate(out: dict, batches: Sequence[int], measured: Sequence[int], key=lambda b: b) -> None:
-    """Fill ``out[key(b)]`` for the batch sizes between the smallest and largest measured, linearly."""
-    lo, hi = measured[0], measured[-1]
+    """Fill ``out[key(b)]`` for the batch sizes between the smallest and largest measured, linearly between the
+    nearest measured on each side."""
     for b in batches:
         if b not in measured:
+            lo = max(m for m in measured if m < b)
+            hi = min(m for m in measured if m > b)
             t = (b - lo) / (hi - lo)
             out[key(b)] = (1 - t) * out[key(lo)] + t * out[key(hi)]
 
@@ -326,6 +329,9 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     high, the second won and carried the stall into the step (on the 2-core EPYC of session 21 the chain of 1's
     step at 1.43 plain steps where the engine ran it at 1.28-1.32, the chain of 2's at 1.63 against 1.46-1.56).
 
+    The steps are timed at the smallest and the largest of ``batches`` and at those of ``TREE_BATCHES``; the
+    other batch sizes get a cost interpolated between (of the ratio, with ``costs``).
+
     Each cost is the median of ``reps`` readings taken in rounds over all the trees, so that a burst of load
     (a shared VM's steps slow from 9 to 14 ms for a second or two, then recover) spoils one reading of a tree,
     not all of them: with one reading, one calibration read the chain of 1 at 5.1 ms of drafting (1.6-1.9
@@ -336,7 +342,10 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     # read here are differences of steps at one context (64 tokens until version 15: a whole calibration took
     # 164-167 s on the 2-core Xeon in five runs, 120 s with 16)
     prompt = list(range(5, 5 + min(PREFIX, DRAFT_PROMPT)))
-    measured = sorted({batches[0], batches[-1]})  # drafting grows slowly with batch: interpolate between
+    # the ends and the batch sizes users run most; the others interpolated between (a step's ratio to a plain one,
+    # with ``costs``: since version 18, as the seconds of drafting interpolated carried a stalled verify(b, nodes)
+    # into the step: the chain of 1 at batch 4 priced at 1.93 plain steps where paired steps read 1.54-1.57)
+    measured = sorted({batches[0], batches[-1], *(b for b in batches if b in TREE_BATCHES)})
     trees = {label: tree for label, tree in candidates.items() if tree.drafts}  # a plain step drafts nothing
     for rep in range(reps):
         for label, tree in trees.items():
@@ -345,9 +354,7 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
                     _step_times(target, make_proposer(tree), 1, SHORT_STEPS, prompt, temperature)
                 if costs is not None:  # the tree's steps and a plain engine's in turns (see the docstring)
                     times, plain, _ = _paired_steps(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
-                    context = len(prompt) + LONG_STEPS // 2
-                    ratio = statistics.median(t / p for t, p in zip(times, plain))
-                    cost = ratio * costs.verify_cost(b, 1, context) - costs.verify_cost(b, tree.num_nodes, context)
+                    cost = statistics.median(t / p for t, p in zip(times, plain))  # the ratio, priced below
                 else:
                     _, short = _step_times(target, make_proposer(tree), b, SHORT_STEPS, prompt, temperature)
                     _, long = _step_times(target, make_proposer(tree), b, LONG_STEPS, prompt, temperature)
@@ -358,6 +365,10 @@ def measure_draft(target, make_proposer, candidates: Mapping[str, object], batch
     out = {key: statistics.median(values) for key, values in readings.items()}
     for label in trees:
         _interpolate(out, batches, measured, key=lambda b, label=label: (b, label))
+    if costs is not None:  # ratios to plain steps -> seconds beyond the tree's priced forward
+        context = len(prompt) + LONG_STEPS // 2
+        out = {(b, label): r * costs.verify_cost(b, 1, context) - costs.verify_cost(b, trees[label].num_nodes, context)
+               for (b, label), r in out.items()}
     _chains_cost_at_least_shorter_chains(out, candidates)
     return out
 
