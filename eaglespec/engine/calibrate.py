@@ -668,7 +668,8 @@ def adaptive_dispatcher(target, head, head_dir: Path, opts):
 
 
 def _tree_rows(costs: CostTable, batches: Sequence[int], candidates: Sequence) -> list[str]:
-    """Per batch size and candidate tree: drafting, verifying (+ overhead) and step ms, and the break-even."""
+    """Per batch size and candidate tree: ms beyond its forward ("draft"), verifying (+ overhead) and step, and the
+    break-even."""
     lines = ["batch | tree                 | nodes |  draft | verify |   step | break-even"]
     for b in batches:
         v1 = costs.verify_cost(b, 1)
@@ -713,8 +714,10 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
     if costs.paused:
         lines += ["paused step (none with the head kept ready: pair bookkeeping, draft-cache catch-up), ms beyond a "
                   "plain step: " + ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.paused.items()))]
-    lines += ["", "per tree: ms of drafting, of verifying its nodes (+ overhead), of the whole step; break-even = tokens per step "
-              "(accepted + bonus) it needs to beat plain decoding"] + _tree_rows(costs, batches, candidates)
+    lines += ["", "per tree: ms beyond its forward (drafting, verifying and committing the tree: its step as measured against "
+              "plain steps, less the forward's price; negative where the forward alone read dear), of verifying its "
+              "nodes (+ overhead), of the whole step; break-even = tokens per step (accepted + bonus) it needs to beat "
+              "plain decoding"] + _tree_rows(costs, batches, candidates)
     if costs.sampled_overhead or costs.sampled_draft:
         lines += ["", "sampled requests (T > 0; children drawn at the request's temperature): engine overhead per step "
                   "(ms) " + ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.sampled_overhead.items())),
