@@ -350,6 +350,22 @@ class AttentionPlan:
     mask: Tensor | None  # bool [B or 1, 1, T, S], True = may attend; None = see everything (or causal)
     is_causal: bool  # plain causal attention with no prefix (S == T)
     max_position: int | None  # host copy of positions.max(), when positions were given
+    causal_mask: Tensor | None = None  # bool [1, 1, T, S] of an is_causal plan, built by the first layer that asks
+
+    def explicit_mask(self, device: torch.device) -> Tensor | None:
+        """``mask``, or for an ``is_causal`` plan the causal mask itself (top-left aligned, as
+        scaled_dot_product_attention reads ``is_causal``), built once per forward, not once per layer."""
+        if not self.is_causal:
+            return self.mask
+        if self.causal_mask is None:
+            self.causal_mask = causal_mask(self.write_slots.shape[1], self.n_slots, device)
+        return self.causal_mask
+
+
+def causal_mask(n_new: int, n_slots: int, device: torch.device) -> Tensor:
+    """bool [1, 1, T, S]: query t sees slots s <= t (top-left aligned, as scaled_dot_product_attention reads
+    ``is_causal``)."""
+    return torch.ones(n_new, n_slots, dtype=torch.bool, device=device).tril()[None, None]
 
 
 def plan_attention(
@@ -498,6 +514,8 @@ def cached_attention(
     else:
         keys = k_layer[plan.rows, :, : plan.n_slots]  # [B, Hkv, S, D] gathered copy
         values = v_layer[plan.rows, :, : plan.n_slots]
+    if exact_rows and q.dtype == keys.dtype == torch.float32 and q.is_cpu:  # the row kernel takes no is_causal
+        return attention(q, keys, values, plan.explicit_mask(q.device), False, compute_dtype, exact_rows)
     return attention(q, keys, values, plan.mask, plan.is_causal, compute_dtype, exact_rows)
 
 
@@ -509,8 +527,8 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_c
     dtype."""
     batch, n_new, n_heads, head_dim = q.shape
     if exact_rows and q.dtype == keys.dtype == torch.float32 and q.is_cpu:
-        if is_causal:  # top-left aligned, as scaled_dot_product_attention reads it
-            mask = torch.ones(n_new, keys.shape[2], dtype=torch.bool, device=q.device).tril()[None, None]
+        if is_causal:
+            mask = causal_mask(n_new, keys.shape[2], q.device)
         out = torch.ops.eaglespec.row_attention(q.transpose(1, 2), keys, values, mask)  # [B, T, H, D]
         return out.reshape(batch, n_new, n_heads * head_dim)
     out_dtype = keys.dtype
@@ -910,7 +928,8 @@ class Transformer(nn.Module):
         # prompts too since session 22: 3.6x faster than the float64 flash kernel over a 1000-token prompt (11 vs
         # 41 ms a layer on a 2-core EPYC), and a prompt's attention then does not depend on how it was batched
         exact_rows = self.row_attention
-        if exact_rows and not prefill and self.layer_steps is not None and x.is_cpu and not torch.compiler.is_compiling():
+        one_call = not prefill and self.layer_steps is not None and x.is_cpu  # the packed layer kernel: decode only
+        if exact_rows and one_call and not torch.compiler.is_compiling():
             x = self._layer_steps(x, rope, cache, plan, wanted, saved)
         else:
             def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
