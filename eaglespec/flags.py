@@ -34,6 +34,10 @@ def add_model_args(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, 
         p.add_argument("--int4-kernel", default="auto", choices=["auto", "w4a8", "torch"],
                        help="kernel of int4 weights: w4a8 = int8 activations on AVX-512 VNNI (built on first use), "
                             "torch = torch's int4 kernel (bfloat16 activations); auto (default): w4a8 where it runs")
+        p.add_argument("--prompt-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                       help="packed (int8/int4) targets: the dtype prompts of more than 16 tokens are multiplied in; "
+                            "auto (default): bfloat16 where this CPU multiplies it clearly faster than float32 "
+                            "(measured once, cached), else float32")
     if compile_flag:
         p.add_argument("--compile", action="store_true",
                        help="run the target's decode and verification forwards as one compiled graph (torch.compile; "

@@ -52,3 +52,22 @@ def test_a_kernel_suffix_on_anything_but_int4_is_refused_before_loading():
     args = SimpleNamespace(dtypes="float32,bfloat16:w4a8", max_new_tokens=8, limit=1, ppl_limit=1, ppl_max_len=16)
     with pytest.raises(ValueError, match="bfloat16:w4a8: only int4 takes a kernel"):
         run(args)
+
+
+def test_a_prompt_dtype_on_an_unpacked_precision_or_an_unknown_one_is_refused():
+    from types import SimpleNamespace
+
+    from eaglespec.measure.fidelity import run
+
+    for dtypes, why in (("float32,bfloat16@float32", "only packed precisions"),
+                        ("int4:w4a8@float16", "unknown prompt dtype 'float16'")):
+        args = SimpleNamespace(dtypes=dtypes, max_new_tokens=8, limit=1, ppl_limit=1, ppl_max_len=16)
+        with pytest.raises(ValueError, match=why):
+            run(args)
+
+
+def test_prompt_path_perplexity_of_a_float32_model_is_the_decode_paths():
+    """A float32 model runs prompts with the same weights: scoring as one prompt forward changes only rounding."""
+    target, _ = tiny_target("llama")
+    ids = [[3, 7, 11, 4, 9, 12, 30, 31], [5, 6, 8]]
+    assert perplexity(target, ids, prefill=True)[0] == pytest.approx(perplexity(target, ids)[0], rel=1e-5)

@@ -450,3 +450,79 @@ def test_measurements_are_keyed_by_the_kernels_build(tmp_path, monkeypatch):
     assert machine_fingerprint().endswith(f" | kernels {cpu_kernels.build_id()}")
     monkeypatch.setattr(cpu_kernels, "loaded", lambda: False)
     assert "kernels" not in machine_fingerprint()
+
+
+# ------------------------------------------------------------------------------------------ prompt precision
+def _fake_dense_times(monkeypatch, bf16_speedup: float):
+    """float32 takes 1 s per call, bfloat16 1 / ``bf16_speedup``; every call counted."""
+    calls = []
+
+    def fake(w, x, reps):
+        calls.append((tuple(w.shape), x.shape[0]))
+        return 1.0, 1.0 / bf16_speedup
+
+    monkeypatch.setattr(quant, "_dense_times", fake)
+    return calls
+
+
+def test_prompt_dtype_is_bfloat16_only_where_it_wins_clearly_and_is_cached(tmp_path, monkeypatch):
+    shapes = [(96, 64), (64, 64), (96, 64)]  # repeated shapes are timed once
+    calls = _fake_dense_times(monkeypatch, 1.1)  # within noise: float32
+    assert quant.calibrate_prompt_dtype(shapes, tmp_path / "slow") == torch.float32
+    assert sorted(calls) == sorted((s, n) for s in [(64, 64), (96, 64)] for n in quant.PROMPT_ROWS)
+    _fake_dense_times(monkeypatch, 1.9)
+    assert quant.calibrate_prompt_dtype(shapes, tmp_path) == torch.bfloat16
+    calls = _fake_dense_times(monkeypatch, 0.5)  # a cached answer is not measured again
+    assert quant.calibrate_prompt_dtype(shapes, tmp_path) == torch.bfloat16 and calls == []
+    assert quant.calibrate_prompt_dtype([(32, 64)], tmp_path) == torch.float32 and calls  # other shapes: measured
+
+
+def test_an_unknown_prompt_dtype_is_refused_naming_it():
+    assert quant.resolve_prompt_dtype(" BF16 ") == "bfloat16" and quant.resolve_prompt_dtype("fp32") == "float32"
+    target, _ = tiny_target(seed=3)
+    with pytest.raises(ValueError, match="unknown prompt dtype 'float16'"):
+        pack_model(target.model, "int8", prompt_dtype="float16")
+    from eaglespec.runtime.loading import ModelLoadError, load_target
+
+    with pytest.raises(ModelLoadError, match="unknown prompt dtype 'half'"):  # before anything is loaded
+        load_target("/nonexistent/model", dtype="int4", prompt_dtype="half")
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4:w4a8"])
+def test_long_prompts_multiply_in_the_prompt_dtype_and_short_ones_packed(kind, tmp_path, monkeypatch):
+    """The dense copy a packed target keeps for prompts of more than 16 rows is in the prompt dtype: bfloat16
+    asked for, measured faster (auto with a cache) or float32 (asked for, or auto without measurements)."""
+    fmt, _, kernel = kind.partition(":")
+    if kernel == "w4a8" and not w4a8.available():
+        pytest.skip(f"w4a8 kernel unavailable: {w4a8.unavailable_reason()}")
+    calls = _fake_dense_times(monkeypatch, 2.0)
+    target, _ = tiny_target(seed=3)
+    pack_model(target.model, fmt, int4_kernel=kernel or "auto", prompt_dtype="bfloat16")
+    layer = target.model.layers[0].w13
+    assert target.model.prompt_dtype == "bfloat16" and layer.dense.dtype == torch.bfloat16
+    x = torch.randn(20, layer.in_features)
+    with torch.inference_mode():
+        assert torch.equal(layer(x, prefill=True), F.linear(x.bfloat16(), layer.dense).float())
+        assert torch.equal(layer(x[:8], prefill=True), layer(x[:8]))  # 16 rows or fewer: the packed kernel
+    for asked, cache, want in (("float32", tmp_path, torch.float32), ("auto", None, torch.float32),
+                               ("auto", tmp_path, torch.bfloat16)):
+        calls.clear()
+        other, _ = tiny_target(seed=3)
+        pack_model(other.model, fmt, int4_kernel=kernel or "auto", prompt_dtype=asked, kernel_cache=cache)
+        assert other.model.layers[0].w13.dense.dtype == want, (asked, cache)
+        assert other.model.prompt_dtype == str(want).removeprefix("torch.")
+        assert bool(calls) == (asked == "auto" and cache is not None)  # measured only when asked to choose
+
+
+def test_greedy_speculative_equals_vanilla_with_bfloat16_prompts():
+    """Prompts run densely in bfloat16 (both engines alike); verification stays exact against vanilla."""
+    target, _ = tiny_target("llama")
+    pack_model(target.model, "int8", prompt_dtype="bfloat16")
+    tok = tiny_tokenizer()
+    prompts = [tok.encode(p * 4) for p in PROMPTS]
+    assert min(map(len, prompts)) > 16  # long enough for the dense path
+    reqs = [Request(p, GenerationConfig(24, ignore_eos=True)) for p in prompts]
+    with torch.inference_mode():
+        vanilla = [c.token_ids for c in Engine(target, max_batch_size=1).generate(reqs)]
+        got = Engine(target, EagleProposer(make_head(target, "eagle3"), Chain(3)), max_batch_size=2).generate(reqs)
+    assert [c.token_ids for c in got] == vanilla

@@ -211,7 +211,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
     questions = load_questions(args.dataset, args.limit, args.categories.split(",") if args.categories else None)
     target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile,
-                         int4_kernel=args.int4_kernel)
+                         int4_kernel=args.int4_kernel,
+                         prompt_dtype=args.prompt_dtype)
     d = diagnose(target, args.draft, questions, args.steps, args.max_new_tokens, chat=not args.raw)
     print(format_summary(d))
     if args.json:

@@ -4,8 +4,10 @@ For each `--dtypes` precision the target (same `--model`) decodes the first turn
 exactly `--max-new-tokens` tokens (vanilla, EOS ignored, batch 1) and we count how many answers are token for
 token the float32 answer and where the others first differ. Then it scores held-out text teacher-forced
 (`--ppl-data`: question + reference answer of each record, chat template off, at most `--ppl-max-len`
-tokens) and reports the perplexity. Every forward runs the kernels decoding runs (packed weights use their
-packed kernel for every row count), so the numbers describe what `--dtype` serves.
+tokens) and reports the perplexity twice: every forward run with the kernels decoding runs (packed weights use
+their packed kernel for every row count), and as one prompt forward (the kernels a prompt runs: packed targets
+multiply prompts of more than 16 tokens densely, in float32 or bfloat16, `--prompt-dtype`). A packed precision
+may name its prompt dtype, `int4@bfloat16`; without one it runs what `--prompt-dtype auto` picks here.
 
 Records (one JSON line per precision) go to `--out`; a markdown table is printed.
 """
@@ -39,6 +41,7 @@ class Fidelity:
     token_agreement: float | None  # fraction of answer tokens before the first difference (cut at max_new_tokens)
     perplexity: float
     ppl_tokens: int
+    prompt_perplexity: float  # the same texts scored by one prompt forward each (the prompt path's kernels)
     load_s: float
 
 
@@ -53,8 +56,9 @@ def greedy_answers(target, prompts: list[list[int]], max_new_tokens: int) -> lis
         return [c.token_ids for c in engine.generate([Request(p, cfg) for p in prompts])]
 
 
-def perplexity(target, texts: list[list[int]]) -> tuple[float, int]:
-    """exp(mean next-token NLL) over ``texts`` (token ids), one forward per text; (perplexity, tokens scored)."""
+def perplexity(target, texts: list[list[int]], prefill: bool = False) -> tuple[float, int]:
+    """exp(mean next-token NLL) over ``texts`` (token ids), one forward per text; (perplexity, tokens scored).
+    ``prefill``: each text as a prompt forward (the prompt path's kernels), else as decoding computes rows."""
     model = target.model
     nll, count = 0.0, 0
     with torch.inference_mode():
@@ -63,7 +67,7 @@ def perplexity(target, texts: list[list[int]]) -> tuple[float, int]:
                 continue
             tokens = torch.tensor([ids], device=model.device)
             positions = torch.arange(len(ids), device=model.device)[None]
-            out = model(tokens, positions, model.new_cache(1, len(ids)), logits_at="all")
+            out = model(tokens, positions, model.new_cache(1, len(ids)), logits_at="all", prefill=prefill)
             nll += float(F.cross_entropy(out.logits[0, :-1], tokens[0, 1:], reduction="sum"))
             count += len(ids) - 1
     if count == 0:
@@ -88,6 +92,7 @@ def compare(answers: list[list[int]], reference: list[list[int]]) -> tuple[int, 
 def run(args: argparse.Namespace) -> list[Fidelity]:
     from eaglespec.datasets import encode_conversation, load_questions, read_records
     from eaglespec.runtime.loading import load_target
+    from eaglespec.runtime.quant import resolve_prompt_dtype
 
     dtypes = [d.strip().lower() for d in args.dtypes.split(",") if d.strip()]
     if not dtypes:
@@ -96,6 +101,12 @@ def run(args: argparse.Namespace) -> list[Fidelity]:
     bad = [d for d in dtypes if ":" in d and d.partition(":")[0] != "int4"]
     if bad:
         raise ValueError(f"--dtypes {', '.join(bad)}: only int4 takes a kernel (int4:torch, int4:w4a8)")
+    bad = [d for d in dtypes if "@" in d and d.partition("@")[0].partition(":")[0] not in ("int8", "int4")]
+    if bad:
+        raise ValueError(f"--dtypes {', '.join(bad)}: only packed precisions (int8, int4) take a prompt dtype")
+    for d in dtypes:
+        if "@" in d:
+            resolve_prompt_dtype(d.partition("@")[2])
     if args.max_new_tokens < 1 or args.limit < 1 or args.ppl_limit < 1 or args.ppl_max_len < 2:
         raise ValueError("--max-new-tokens, --limit and --ppl-limit must be >= 1 and --ppl-max-len >= 2")
     questions = load_questions(args.dataset, args.limit)
@@ -109,21 +120,25 @@ def run(args: argparse.Namespace) -> list[Fidelity]:
     reference: list[list[int]] | None = None
     for dtype in dtypes:
         t0 = time.perf_counter()
-        name, _, kernel = dtype.partition(":")  # "int4:torch" / "int4:w4a8": the int4 kernel too
-        target = load_target(args.model, dtype=name, device=args.device, int4_kernel=kernel or "auto")
+        spec, _, prompt = dtype.partition("@")  # "int4@bfloat16": the prompt dtype too
+        name, _, kernel = spec.partition(":")  # "int4:torch" / "int4:w4a8": the int4 kernel too
+        target = load_target(args.model, dtype=name, device=args.device, int4_kernel=kernel or "auto",
+                             prompt_dtype=prompt or "auto")
         if name == "int4" and not kernel:
-            dtype = f"int4:{target.model.int4_kernel}"
+            spec = f"int4:{target.model.int4_kernel}"
+        dtype = f"{spec}@{target.model.prompt_dtype}" if name in ("int8", "int4") else spec
         load_s = time.perf_counter() - t0
         prompts = [encode_conversation(target.tokenizer, q.turns[:1], [], chat=True) for q in questions]
         texts = [target.tokenizer.encode(_ppl_text(r, args.ppl_data))[: args.ppl_max_len] for r in ppl_records]
         answers = greedy_answers(target, prompts, args.max_new_tokens)
         ppl, n_tok = perplexity(target, texts)
+        prompt_ppl, _ = perplexity(target, texts, prefill=True)
         if reference is None:
             reference, same = answers, (None, None, None)
         else:
             same = compare(answers, reference)
         results.append(Fidelity(dtype, len(prompts), args.max_new_tokens, same[0], same[1], same[2], ppl, n_tok,
-                                round(load_s, 1)))
+                                prompt_ppl, round(load_s, 1)))
         log.info("fidelity %s: %s", dtype, asdict(results[-1]))
         del target
     return results
@@ -139,15 +154,15 @@ def _ppl_text(record: dict, where: str) -> str:
 
 
 def format_table(results: list[Fidelity]) -> str:
-    lines = ["| precision | perplexity | greedy answers identical to float32 | mean first differing token | "
-             "tokens before the first difference |", "|---|---|---|---|---|"]
+    lines = ["| precision | perplexity | perplexity, prompt path | greedy answers identical to float32 | "
+             "mean first differing token | tokens before the first difference |", "|---|---|---|---|---|---|"]
     for r in results:
+        ppl = f"| {r.dtype} | {r.perplexity:.3f} | {r.prompt_perplexity:.3f} |"
         if r.identical is None:
-            lines.append(f"| {r.dtype} | {r.perplexity:.3f} | (reference) | — | — |")
+            lines.append(f"{ppl} (reference) | — | — |")
         else:
             first = f"{r.mean_first_divergence:.1f}" if r.mean_first_divergence is not None else "—"
-            lines.append(f"| {r.dtype} | {r.perplexity:.3f} | {r.identical} / {r.prompts} | {first} | "
-                         f"{100 * r.token_agreement:.1f}% |")
+            lines.append(f"{ppl} {r.identical} / {r.prompts} | {first} | {100 * r.token_agreement:.1f}% |")
     return "\n".join(lines)
 
 
@@ -168,7 +183,8 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtypes", default="float32,bfloat16,int8,int4",
                    help="comma list of precisions (float32 is always run, as the reference); int4:torch / int4:w4a8 "
-                        "pick the int4 kernel (plain int4: --int4-kernel auto)")
+                        "pick the int4 kernel (plain int4: --int4-kernel auto); a packed precision may end in "
+                        "@float32 / @bfloat16, the dtype its prompts run in (default: auto, as eaglespec generate)")
     p.add_argument("--dataset", required=True, metavar="[NAME=]PATH", help="question file (first turns are used)")
     p.add_argument("--limit", type=int, default=10, help="questions")
     p.add_argument("--max-new-tokens", type=int, default=128)

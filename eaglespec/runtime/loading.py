@@ -453,18 +453,21 @@ def load_target(
     device: str | torch.device = "cpu",
     compile: bool = False,
     int4_kernel: str = "auto",
+    prompt_dtype: str = "auto",
 ) -> Target:
     """Resolve `spec` (a `--model` value), load its checkpoint and build our Transformer on `device`;
     `compile`: run its decode and verification forwards as one compiled graph (runtime.compiled), on a CUDA
     device as CUDA graphs (runtime.cudagraphs);
-    `int4_kernel`: the kernel of packed int4 weights (runtime.quant.INT4_KERNELS)."""
+    `int4_kernel`: the kernel of packed int4 weights (runtime.quant.INT4_KERNELS);
+    `prompt_dtype`: what packed models multiply long prompts in (runtime.quant.PROMPT_DTYPES)."""
     from eaglespec.runtime.model import ModelArgs, Transformer
 
-    from eaglespec.runtime.quant import resolve_int4_kernel
+    from eaglespec.runtime.quant import resolve_int4_kernel, resolve_prompt_dtype
 
     auto = isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE
     try:
         resolve_int4_kernel(int4_kernel)  # refuse an unknown kernel, or w4a8 where it cannot run, before loading
+        resolve_prompt_dtype(prompt_dtype)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     if not auto:
@@ -479,7 +482,7 @@ def load_target(
         from eaglespec.runtime.pack import pack_model
 
         pack_model(model, packed, gguf_path=source.path if source.kind in ("default", "gguf") else None,
-                   int4_kernel=int4_kernel, kernel_cache=cache_root() / "plans")
+                   int4_kernel=int4_kernel, kernel_cache=cache_root() / "plans", prompt_dtype=prompt_dtype)
     if compile and model.device.type == "cuda":
         from eaglespec.runtime.cudagraphs import graph_step
 

@@ -761,6 +761,9 @@ class Transformer(nn.Module):
         self.layer_steps: list[tuple] | None = None
         self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self.int4_kernel: str | None = None  # packed int4: "w4a8" or "torch" (runtime.quant.INT4_KERNELS)
+        # The dtype prompt rows are multiplied in: the model's own, or for packed models the dense copy's
+        # (runtime.quant.PROMPT_DTYPES; set by runtime.pack.pack_model).
+        self.prompt_dtype = str(dtype).removeprefix("torch.")
 
     @property
     def dtype(self) -> torch.dtype:
