@@ -74,11 +74,11 @@ def cmd_arms(_: argparse.Namespace) -> int:
     return 0
 
 
-def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: str | None,
+def measure_costs(work: Path, arms: list[Arm], rounds: int, model: str | None,
                   on_round: Callable[[dict], None] | None = None) -> dict:
     """Median seconds per drafting step (chain d, batch 1) per arm and of verify(1, n), over ``rounds``;
     ``on_round`` gets the summary so far after every round (a killed run keeps its finished rounds)."""
-    from eaglespec.engine.calibrate import measure_draft, measure_verify
+    from eaglespec.engine.calibrate import LONG_STEPS, SHORT_STEPS, measure_draft, measure_verify
     from eaglespec.runtime.loading import load_target
     from eaglespec.spec.heads import load_head
     from eaglespec.spec.proposer import EagleProposer
@@ -97,16 +97,17 @@ def measure_costs(work: Path, arms: list[Arm], rounds: int, steps: int, model: s
             def make(tree, head=heads[a.name]):
                 return EagleProposer(head, tree)
             cands = {f"chain{d}": Chain(d) for d in cost_depths(a)}
-            for (_, label), s in measure_draft(target, make, cands, (1,), steps=steps).items():
+            # without a cost table: the head's own seconds per step, a SHORT_STEPS run's less a LONG_STEPS run's
+            for (_, label), s in measure_draft(target, make, cands, (1,)).items():
                 draft[a.name].setdefault(int(label[len("chain"):]), []).append(s)
         print(f"round {r + 1}/{rounds}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         if on_round is not None:
-            on_round(_cost_summary(verify, draft, rounds, r + 1, steps))
-    return _cost_summary(verify, draft, rounds, rounds, steps)
+            on_round(_cost_summary(verify, draft, rounds, r + 1, f"{SHORT_STEPS}/{LONG_STEPS}"))
+    return _cost_summary(verify, draft, rounds, rounds, f"{SHORT_STEPS}/{LONG_STEPS}")
 
 
 def _cost_summary(verify: dict[int, list[float]], draft: dict[str, dict[int, list[float]]], rounds: int,
-                  done: int, steps: int) -> dict:
+                  done: int, steps: str) -> dict:
     import torch
 
     from eaglespec.runtime.quant import machine_fingerprint
@@ -144,7 +145,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(res, indent=1))
         tmp.replace(out)
 
-    res = measure_costs(work, arms, args.rounds, args.steps, args.model, on_round=save)
+    res = measure_costs(work, arms, args.rounds, args.model, on_round=save)
     print(json.dumps({k: res[k] for k in ("machine", "verify_s", "draft_s")}, indent=1))
     return 0
 
@@ -362,7 +363,6 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--work", required=True)
     c.add_argument("--out", required=True)
     c.add_argument("--rounds", type=int, default=7)
-    c.add_argument("--steps", type=int, default=24, help="decode steps per timed engine run")
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--model", default=None)
     c.add_argument("--force", action="store_true", help="measure again even if --out covers every finished arm")
