@@ -486,6 +486,8 @@ def test_an_unknown_prompt_dtype_is_refused_naming_it():
 
     with pytest.raises(ModelLoadError, match="unknown prompt dtype 'half'"):  # before anything is loaded
         load_target("/nonexistent/model", dtype="int4", prompt_dtype="half")
+    with pytest.raises(ModelLoadError, match="only packed .* this one runs prompts in float32"):
+        load_target("/nonexistent/model", dtype="float32", prompt_dtype="bfloat16")  # would change nothing
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4:w4a8"])

@@ -467,14 +467,22 @@ def load_target(
     auto = isinstance(dtype, str) and dtype.strip().lower() == AUTO_DTYPE
     try:
         resolve_int4_kernel(int4_kernel)  # refuse an unknown kernel, or w4a8 where it cannot run, before loading
-        resolve_prompt_dtype(prompt_dtype)
+        prompt_dtype = resolve_prompt_dtype(prompt_dtype)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
+
+    def check_prompt_dtype(packed: str | None, torch_dtype: torch.dtype) -> None:
+        if not packed and prompt_dtype != "auto":  # an explicit choice that would change nothing: said, not dropped
+            raise ModelLoadError(f"--prompt-dtype {prompt_dtype}: only packed (int8 / int4) targets have a prompt "
+                                 f"dtype of their own; this one runs prompts in {str(torch_dtype).removeprefix('torch.')}")
+
     if not auto:
         packed, torch_dtype = _packed_or_dtype(dtype, device)  # refuse a bad dtype before touching the model
+        check_prompt_dtype(packed, torch_dtype)
     source = spec if isinstance(spec, ModelSource) else resolve_model(spec)
     if auto:
         packed, torch_dtype = _packed_or_dtype(auto_precision(source, device), device)
+        check_prompt_dtype(packed, torch_dtype)
     checkpoint = load_checkpoint(source, torch_dtype)
     args = ModelArgs.from_hf_config(checkpoint.hf_config)
     model = Transformer.from_state_dict(args, checkpoint.state_dict, torch_dtype, device)
