@@ -482,6 +482,8 @@ def test_an_unknown_prompt_dtype_is_refused_naming_it():
     target, _ = tiny_target(seed=3)
     with pytest.raises(ValueError, match="unknown prompt dtype 'float16'"):
         pack_model(target.model, "int8", prompt_dtype="float16")
+    with pytest.raises(ValueError, match="give the dtype in the plan"):
+        pack_model(target.model, "int8", plan=KernelPlan(PACKED_ONLY), prompt_dtype="bfloat16")
     from eaglespec.runtime.loading import ModelLoadError, load_target
 
     with pytest.raises(ModelLoadError, match="unknown prompt dtype 'half'"):  # before anything is loaded

@@ -81,7 +81,11 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     args = model.args
     blocks = read_quant_tensors(gguf_path) if gguf_path is not None and fmt == "int4" else {}
     counts = {"from_gguf_blocks": 0, "quantized": 0}
-    if prompt_dtype == "auto":
+    if plan is not None:  # an explicit plan carries its dense dtype
+        if prompt_dtype != "auto":
+            raise ValueError(f"prompt_dtype {prompt_dtype!r} and a plan: give the dtype in the plan (dense_dtype)")
+        dense_dtype = plan.dense_dtype
+    elif prompt_dtype == "auto":
         shapes = [tuple(getattr(layer, attr).shape) for layer in model.layers for attr in _GGUF_PARTS]
         dense_dtype = calibrate_prompt_dtype(shapes, kernel_cache) if kernel_cache is not None else torch.float32
     else:
@@ -92,9 +96,10 @@ def pack_model(model, fmt: str, gguf_path: str | Path | None = None, plan: Kerne
     # "What is the capital of France?" was answered "L'Étoile, la Marseillaise, ..." instead of "The capital of
     # France is Paris." (float32 and the float32 prompt agree). So a w4a8 target keeps the default plan: prompts
     # of more than 16 rows run densely, as the reference does; the other kernels are measured. Dense in bfloat16
-    # where the machine has bfloat16 dot products: 1.9x float32 at 94 rows on a 2-core EPYC and as faithful on 25
-    # MT-bench prompts (128 greedy tokens: mean common prefix with the float32 model's answers 33.7 tokens against
-    # 29.0 with float32 prompts; France answered as in float32; docs/RUNTIME.md "Prompt precision").
+    # where the machine has bfloat16 dot products: 1.7-2.0x float32 at 94-1000 rows on a 2-core EPYC, and as
+    # faithful (perplexity of GSM8K texts as prompts 6.2510 against 6.2504; greedy agreement with the float32
+    # model's answers moving both ways with the prompt set; France answered as in float32; docs/RUNTIME.md
+    # "Prompts in bfloat16").
     if plan is None and (kernel == "w4a8" or kernel_cache is None):
         plan = default_plan()
         plan.dense_dtype, plan.measured_on = dense_dtype, f"default plan, dense {dense_dtype or 'float32'}"
