@@ -514,7 +514,7 @@ def cached_attention(
     else:
         keys = k_layer[plan.rows, :, : plan.n_slots]  # [B, Hkv, S, D] gathered copy
         values = v_layer[plan.rows, :, : plan.n_slots]
-    if exact_rows and q.dtype == keys.dtype == torch.float32 and q.is_cpu:  # the row kernel takes no is_causal
+    if exact_rows and plan.is_causal:  # the row kernel takes a mask, not is_causal: the plan's, built once a forward
         return attention(q, keys, values, plan.explicit_mask(q.device), False, compute_dtype, exact_rows)
     return attention(q, keys, values, plan.mask, plan.is_causal, compute_dtype, exact_rows)
 
@@ -527,7 +527,7 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_c
     dtype."""
     batch, n_new, n_heads, head_dim = q.shape
     if exact_rows and q.dtype == keys.dtype == torch.float32 and q.is_cpu:
-        if is_causal:
+        if is_causal:  # direct callers; cached_attention passes its plan's mask, built once a forward
             mask = causal_mask(n_new, keys.shape[2], q.device)
         out = torch.ops.eaglespec.row_attention(q.transpose(1, 2), keys, values, mask)  # [B, T, H, D]
         return out.reshape(batch, n_new, n_heads * head_dim)
