@@ -66,6 +66,9 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--no-calibrate", action="store_true",
                    help="--tree auto: use the static table by batch size instead of this machine's measured "
                         "costs and live acceptance")
+    d.add_argument("--no-cost-feedback", action="store_true",
+                   help="--tree auto: keep the calibrated prices instead of correcting them by the steps' measured "
+                        "times (the tree choice then depends on acceptance alone, so a seeded run repeats exactly)")
 
 
 def draft_temperature(text: str) -> float | None:
@@ -88,4 +91,5 @@ def draft_options(args: argparse.Namespace):
     return DraftOptions(draft=args.draft, tree=args.tree, depth=args.depth, topk=args.topk,
                         tree_tokens=args.tree_tokens, tree_paths=args.tree_paths,
                         draft_temperature=args.draft_temperature, alignment=args.draft_alignment, seed=args.seed,
-                        calibrate=not getattr(args, "no_calibrate", False))
+                        calibrate=not getattr(args, "no_calibrate", False),
+                        cost_feedback=not getattr(args, "no_cost_feedback", False))

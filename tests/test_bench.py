@@ -167,6 +167,10 @@ def test_method_strings():
     for bad in ("-1", "nan", "hot"):
         with pytest.raises(bench.BenchError, match="dtemp"):
             bench.parse_method(f"eagle:chain1,dtemp={bad}")
+    assert bench.parse_method("eagle").draft.cost_feedback is True
+    assert bench.parse_method("eagle:auto,feedback=off").draft.cost_feedback is False
+    with pytest.raises(bench.BenchError, match="feedback=on|off"):
+        bench.parse_method("eagle:auto,feedback=maybe")
     methods = bench.parse_methods(["hf,replay:2", "vanilla"])
     assert [x.name for x in methods] == ["vanilla", "hf", "replay:2"]  # vanilla first
     for bad in ("foo", "eagle:bogus", "eagle:depth=3", "replay:0", "eagle:lag=-1", "eagle:lag=x"):
@@ -470,7 +474,8 @@ def test_a_compiled_warm_up_runs_a_verification_even_when_the_dispatcher_pauses(
     try:
         for graph in (None, Recorder()):
             target.model.step_graph = graph
-            d = AdaptiveDispatcher(flat_costs(per_token=0.01, batches=(1, 2)))  # nothing pays: paused throughout
+            # nothing pays: paused throughout (prices as calibrated: the tiny model costs nothing like them)
+            d = AdaptiveDispatcher(flat_costs(per_token=0.01, batches=(1, 2)), cost_feedback=False)
             proposer = EagleProposer(make_head(target, "eagle3"), d)
             runner = bench.EngineRunner(target, proposer, 1)
             with torch.inference_mode():

@@ -42,9 +42,11 @@ def test_generate_json_reports_the_trees_and_the_predicted_speedup(capsys, model
     with quick_calibration(tmp_path):
         auto = run_json(capsys, *common, "--draft", str(head_dir))
         table = run_json(capsys, *common, "--draft", str(head_dir), "--no-calibrate")
+        fixed = run_json(capsys, *common, "--draft", str(head_dir), "--no-cost-feedback")
     labels = {"none", "chain1", "chain2", "chain3", "chain4", "chain6", "dynamic5x4:16"}
-    for v, a, t in zip(vanilla, auto, table):
-        assert a["token_ids"] == t["token_ids"] == v["token_ids"]
+    for v, a, t, f in zip(vanilla, auto, table, fixed):
+        assert a["token_ids"] == t["token_ids"] == f["token_ids"] == v["token_ids"]
+        assert f["predicted_rounds"] == f["target_forwards"]
         assert sum(a["tree_rounds"].values()) == a["target_forwards"] and set(a["tree_rounds"]) <= labels
         assert a["predicted_speedup"] > 0 and a["predicted_rounds"] == a["target_forwards"]
         assert t["tree_rounds"] == {"chain1": t["target_forwards"]} and t["predicted_speedup"] is None
@@ -152,3 +154,21 @@ def test_draft_temperature_flag_takes_request_or_a_number_and_refuses_the_rest(c
         with pytest.raises(SystemExit):
             p.parse_args(["--draft-temperature", bad])
         assert "--draft-temperature" in capsys.readouterr().err
+
+
+def test_no_cost_feedback_reaches_the_dispatcher(monkeypatch):
+    """`--no-cost-feedback` turns the dispatcher's price check off (it is on by default)."""
+    import argparse
+
+    from eaglespec.engine import calibrate as cal
+    from eaglespec.flags import add_draft_args, draft_options
+    from eaglespec.spec.costmodel import CostTable
+
+    p = argparse.ArgumentParser()
+    add_draft_args(p)
+    p.add_argument("--seed", type=int, default=None)
+    monkeypatch.setattr(cal, "calibration_for", lambda *a, **k: (CostTable({(1, 1): 0.01}, {}), False))
+    for argv, on in (([], True), (["--no-cost-feedback"], False)):
+        opts = draft_options(p.parse_args(argv))
+        assert opts.cost_feedback is on
+        assert (cal.adaptive_dispatcher(None, None, None, opts).feedback is not None) is on

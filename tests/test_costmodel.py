@@ -350,7 +350,7 @@ def test_adaptive_dispatch_is_deterministic_and_greedy_identical():
     costs = flat_costs(batches=(1, 2))
     runs, picks = [], []
     for _ in range(2):
-        d = AdaptiveDispatcher(costs, repick_every=2, probe_every=3)
+        d = AdaptiveDispatcher(costs, repick_every=2, probe_every=3, cost_feedback=False)  # choices from acceptance
         seen = []
         orig = d.pick
         d.pick = lambda b, rows=None, context=None, **kw: seen.append(orig(b, rows, context, **kw)) or seen[-1]
@@ -402,7 +402,8 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
 
     target, _ = tiny_target("llama")
     prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:2]]
-    d = AdaptiveDispatcher(flat_costs(batches=(1, 2)), repick_every=2, probe_every=3)
+    # the tiny model's steps cost nothing like the hand-made prices: choices from acceptance alone
+    d = AdaptiveDispatcher(flat_costs(batches=(1, 2)), repick_every=2, probe_every=3, cost_feedback=False)
     steps = []
     orig = d.pick
 
@@ -560,7 +561,8 @@ def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
 
     def spec():
         return EagleProposer(make_head(target, "eagle3"), AdaptiveDispatcher(flat_costs(batches=(1, 2)),
-                                                                             repick_every=2, probe_every=5))
+                                                                             repick_every=2, probe_every=5,
+                                                                             cost_feedback=False))
 
     greedy = SamplingParams(temperature=0.0)
     assert run(greedy, spec()) == run(greedy, None)
@@ -1361,3 +1363,120 @@ def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain
     assert sorted(set(asked)) == [1, 4, 8]
     for b in (1, 2, 4, 8):
         assert got[(b, "chain1")] + costs.verify_cost(b, 2) == pytest.approx(1.3 * costs.verify_cost(b, 1))
+
+
+# ------------------------------------------------------------------------------------- step-cost feedback
+def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
+    """A shape is corrected by its measured / priced ratio over the plain steps' ratio, once each has
+    ``min_weight`` steps; before plain steps are timed a shape is made dearer but never cheaper; a machine that
+    got slower for every step corrects nothing; one stalled step moves the price by at most its clipped share;
+    bad readings and parameters are refused."""
+    from eaglespec.spec.costmodel import StepCostFeedback
+
+    f = StepCostFeedback(decay=1.0)
+    for _ in range(3):
+        f.observe(4, "chain1", 0.012, 0.010)
+    assert f.factor(4, "chain1") == 1.0  # 3 steps: not enough evidence
+    f.observe(4, "chain1", 0.012, 0.010)
+    assert f.factor(4, "chain1") == pytest.approx(1.2)  # no plain step timed: plain assumed at its price
+    for _ in range(3):
+        f.observe(4, "none", 0.011, 0.010)  # plain steps 10% dearer than priced too
+    assert f.factor(4, "chain1") == pytest.approx(1.2)
+    f.observe(4, "none", 0.011, 0.010)
+    assert f.factor(4, "chain1") == pytest.approx(1.2 / 1.1)
+    assert f.factor(1, "chain1") == 1.0 and f.factor(4, "none") == 1.0  # per batch size; plain is the reference
+    assert f.factors(4) == {"chain1": f.factor(4, "chain1")} and f.drafted == 4
+
+    fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price: nothing looks cheaper until plain is timed
+    for _ in range(10):
+        fast.observe(1, "chain2", 0.014, 0.020)
+    assert fast.factor(1, "chain2") == 1.0
+    for _ in range(10):
+        fast.observe(1, "none", 0.007, 0.010)
+    assert fast.factor(1, "chain2") == pytest.approx(1.0)  # the machine, not the price, changed
+
+    stall = StepCostFeedback(decay=1.0)
+    for _ in range(9):
+        stall.observe(1, "none", 0.010, 0.010)
+        stall.observe(1, "chain1", 0.010, 0.010)
+    stall.observe(1, "chain1", 1.0, 0.010)  # 100x: counted as 2x
+    assert stall.factor(1, "chain1") == pytest.approx(1.1)
+
+    with pytest.raises(ValueError, match="finite and > 0"):
+        f.observe(1, "chain1", 0.0, 0.01)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        f.observe(1, "chain1", math.inf, 0.01)
+    with pytest.raises(ValueError, match="0 < decay <= 1"):
+        StepCostFeedback(decay=0.0)
+    with pytest.raises(ValueError, match="clip >= 1"):
+        StepCostFeedback(clip=0.5)
+
+
+def _priced_wrong(cost_feedback: bool, engine_ratio: float, steps: int = 40) -> list[str]:
+    """A dispatcher whose calibration prices a chain-of-1 step at 1.3 plain steps (predicted 1.5 / 1.3 = 1.15x at
+    acceptance 0.5) on an engine where it costs ``engine_ratio`` plain steps; its picks, step by step."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = CostTable({(1, 1): 0.010, (1, 2): 0.013}, {(1, "chain1"): 0.0})
+    d = AdaptiveDispatcher(costs, [Chain(1)], prior=AcceptanceTracker(prior=(0.5,), weight=1e6), repick_every=1,
+                           probe_every=1000, max_probe_every=1000, cost_feedback=cost_feedback)
+    d.start_row(0)
+    picks = []
+    for _ in range(steps):
+        cfg = d.pick(1, [0])
+        picks.append(cfg.label)
+        if cfg.drafts:
+            d.observe([0], cfg, [1])
+        d.observe_step(1, 0.010 * (engine_ratio if cfg.drafts else 1.0))
+    return picks
+
+
+def test_a_tree_the_calibration_priced_too_cheap_is_dropped_once_its_steps_are_timed():
+    """Priced at 1.3 plain steps, run at 1.6 (predicted 1.15x, actually 0.94x): with the feedback the dispatcher
+    stops drafting after the ``min_weight`` drafting steps its correction needs, and stays paused; its prediction
+    for the chain is then the measured one. Without it, it drafts on. Run where the price was right, it drafts
+    on either way, and the chain's corrected price does not compound (the ratio is taken against the
+    calibrated price, not the corrected one)."""
+    fed = _priced_wrong(True, 1.6)
+    assert fed[:5] == ["chain1"] * 5 and set(fed[5:]) == {"none"}  # 5 decayed steps weigh 4.7 >= min_weight 4
+    assert set(_priced_wrong(False, 1.6)) == {"chain1"}
+    assert set(_priced_wrong(True, 1.3, steps=200)) == {"chain1"}
+
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = CostTable({(1, 1): 0.010, (1, 2): 0.013}, {(1, "chain1"): 0.0})
+    d = AdaptiveDispatcher(costs, [Chain(1)], prior=AcceptanceTracker(prior=(0.5,), weight=1e6), repick_every=1)
+    d.start_row(0)
+    for _ in range(30):
+        assert d.pick(1, [0]).label == "chain1"
+        d.observe([0], Chain(1), [1])
+        d.observe_step(1, 0.0143)  # 1.1x its price: still ~1.5 / 1.43 = 1.05x, above the 1.02 margin
+    assert d.last.factor == pytest.approx(1.1, rel=1e-9) and d.last.predicted_speedup == pytest.approx(1.5 / 1.43, rel=1e-4)
+    assert d.last.step_s == pytest.approx(0.0143)
+
+
+def test_the_engine_times_each_step_and_leaves_out_the_ones_that_caught_the_draft_cache_up():
+    """Through the engine: every step's wall time reaches the dispatcher, except steps whose propose() ran a
+    catch-up of the draft cache (a request's first drafting step, a look-back probe): their time is not the
+    chosen tree's cost. Greedy output stays the target's."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+    from eaglespec.spec.proposer import EagleProposer
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:2]]
+    d = AdaptiveDispatcher(flat_costs(batches=(1, 2)), repick_every=2, probe_every=3)
+    proposer = EagleProposer(make_head(target, "eagle3"), d)
+    timed, catch_ups, steps = [], [], []
+    orig_observe, orig_catch_up, orig_propose = d.observe_step, proposer._catch_up, proposer.propose
+    d.observe_step = lambda b, s: timed.append((b, s)) or orig_observe(b, s)
+    proposer._catch_up = lambda *a, **k: catch_ups.append(len(steps)) or orig_catch_up(*a, **k)
+    proposer.propose = lambda *a, **k: steps.append(None) or orig_propose(*a, **k)
+    assert _greedy_runs(target, proposer, prompts) == _greedy_runs(target, None, prompts)
+    assert catch_ups and len(timed) == len(steps) - len(set(catch_ups))
+    assert all(s > 0 for _, s in timed) and {b for b, _ in timed} <= {1, 2}
+    assert d.feedback.ratios  # the prices were checked
+    off = AdaptiveDispatcher(flat_costs(batches=(1, 2)), cost_feedback=False)
+    assert off.feedback is None
+    off.observe_step(1, 0.01)  # nothing to check against: ignored

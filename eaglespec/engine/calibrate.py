@@ -664,7 +664,7 @@ def adaptive_dispatcher(target, head, head_dir: Path, opts):
     from eaglespec.spec.dispatch import AdaptiveDispatcher
 
     costs, _ = calibration_for(target, head, head_dir, opts)
-    return AdaptiveDispatcher(costs, calibration_candidates(opts))
+    return AdaptiveDispatcher(costs, calibration_candidates(opts), cost_feedback=opts.cost_feedback)
 
 
 def _tree_rows(costs: CostTable, batches: Sequence[int], candidates: Sequence) -> list[str]:

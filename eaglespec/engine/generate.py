@@ -400,6 +400,8 @@ class Engine:
             self.proposer.commit(rows, tree, verdict, out, n_accepted=n_acc)
             self._sync()
         t3 = time.perf_counter()
+        if self.proposer is not None and hasattr(self.proposer, "observe_step_time"):
+            self.proposer.observe_step_time(t3 - t0)  # the dispatcher checks its price of the chosen tree
         chunks = []
         for b, s in enumerate(seqs):
             st = s.stats

@@ -26,7 +26,8 @@ Methods (`--methods`, comma separated; options of an `eagle:` method may contain
   eagle[:OPTS]            EAGLE head + tree (default: the shipped head, dispatcher trees). OPTS: chainK,
                           static, dynamic, auto, none, depth=N, topk=N, tokens=N, head=DIR, align=stable|last,
                           dtemp=X|request (draft temperature; default request: each request's own), lag=N
-                          (paused steps recorded before the draft cache catches up; 0 = encode each);
+                          (paused steps recorded before the draft cache catches up; 0 = encode each),
+                          feedback=on|off (auto: correct the calibrated prices by the timed steps; default on);
                           e.g. eagle:dynamic,depth=6,topk=8,tokens=32
   hf                      transformers generate() on the same weights and precision
   hf-prompt-lookup[:N]    transformers prompt-lookup decoding, N draft tokens (default 10); batch 1 only
@@ -148,9 +149,11 @@ def parse_method(text: str, seed: int | None = None) -> Method:
                 kw["max_lag"] = int(value)
             elif eq and key == "dtemp":
                 kw["draft_temperature"] = draft_temperature(value)  # the flag's own parser: "request" or >= 0
+            elif eq and key == "feedback" and value in ("on", "off"):
+                kw["cost_feedback"] = value == "on"
             else:
                 raise BenchError(f"method {text!r}: unknown eagle option {opt!r} (chainK, static, dynamic, auto, "
-                                 f"depth=, topk=, tokens=, head=, align=, dtemp=, lag=)")
+                                 f"depth=, topk=, tokens=, head=, align=, dtemp=, lag=, feedback=on|off)")
         except (ValueError, argparse.ArgumentTypeError) as e:
             raise BenchError(f"method {text!r}: bad value in {opt!r} ({e})") from None
     opts_obj = DraftOptions(**kw)

@@ -21,11 +21,19 @@ tokens from acceptance measured online:
   * trees (static / dynamic): their own decayed mean of tokens per step, once measured; before that the
     chain prediction of the same depth, so an unmeasured tree is worth trying exactly when its chain is.
 
-Pure functions and a small tracker; the dispatcher that uses them lives with the tree strategies.
+The calibrated costs are checked against what the engine pays (``StepCostFeedback``): each step's wall time
+is divided by the price the model put on it, per shape and batch size, and a shape whose steps keep costing
+more (or less) than priced, relative to plain steps measured the same way, has its price scaled by that
+factor. A calibration read in a quiet minute, or on a machine that drifted since, otherwise steers every
+request: on a 2-core EPYC one priced a batch-4 chain of 1 at 1.52 plain steps where the engine paid ~1.66, and
+`--tree auto` drafted at a predicted 1.02-1.08x and ran 0.93-0.97x (session 20).
+
+Pure functions and small trackers; the dispatcher that uses them lives with the tree strategies.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -34,7 +42,8 @@ from eaglespec.spec.strategies import NoDraft
 PLAIN = NoDraft().label
 """The label of a plain step (no drafting): speedup 1 by definition."""
 
-__all__ = ["AcceptanceTracker", "CostTable", "Choice", "chain_expected_tokens", "choose", "predicted_speedup", "score"]
+__all__ = ["AcceptanceTracker", "CostTable", "Choice", "StepCostFeedback", "chain_expected_tokens", "choose",
+           "predicted_speedup", "score"]
 
 
 def chain_expected_tokens(accept: Sequence[float], depth: int) -> float:
@@ -262,7 +271,11 @@ class Choice:
     expected_tokens: float
     """Tokens committed per row and step (accepted draft tokens + the bonus token); 1 for ``none``."""
     step_s: float
-    """Predicted seconds of the step: draft(b, s) + verify(b, nodes(s)); verify(b, 1) + paused(b) for ``none``."""
+    """Predicted seconds of the step: (draft(b, s) + verify(b, nodes(s))) * factor; verify(b, 1) + paused(b) for
+    ``none``."""
+    factor: float = 1.0
+    """The step-cost feedback's correction of the calibrated price (``StepCostFeedback.factor``; 1 for ``none``
+    and where nothing was measured yet): ``step_s / factor`` is the calibrated price."""
 
     @property
     def vanilla_s(self) -> float:
@@ -285,25 +298,91 @@ def predicted_speedup(costs: CostTable, batch: int, label: str, nodes: int, expe
 
 
 def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, tracker: AcceptanceTracker,
-          context: float | None = None) -> Choice | None:
-    """The prediction for one shape (``none``: speedup 1); None when its draft cost is unmeasured."""
+          context: float | None = None, factor: float = 1.0) -> Choice | None:
+    """The prediction for one shape (``none``: speedup 1); None when its draft cost is unmeasured. ``factor``
+    scales the shape's calibrated step price (``StepCostFeedback.factor``; ignored for ``none``)."""
     if label == PLAIN:
         return Choice(PLAIN, predicted_speedup(costs, batch, PLAIN, 1, 1.0, context), 1.0,
                       costs.verify_cost(batch, 1, context) + costs.paused_cost(batch))
+    if not factor > 0:
+        raise ValueError(f"a step-cost factor must be > 0, got {factor}")
     e = tracker.expected_tokens(label, depth)
     s = predicted_speedup(costs, batch, label, nodes, e, context)
     if s is None:
         return None
-    return Choice(label, s, e, costs.draft_cost(batch, label) + costs.verify_cost(batch, nodes, context))
+    return Choice(label, s / factor, e,
+                  (costs.draft_cost(batch, label) + costs.verify_cost(batch, nodes, context)) * factor, factor)
 
 
 def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int]], tracker: AcceptanceTracker,
-           margin: float = 1.0, context: float | None = None) -> Choice:
+           margin: float = 1.0, context: float | None = None, factors: Mapping[str, float] | None = None) -> Choice:
     """The candidate (label -> (nodes, depth)) with the best predicted speedup at mean context ``context``;
-    ``none`` unless something beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise)."""
+    ``none`` unless something beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise). ``factors``:
+    per label, the step-cost feedback's correction of its price (missing: 1)."""
+    factors = factors or {}
     best = score(costs, batch, PLAIN, 1, 0, tracker, context)
     for label, (nodes, depth) in candidates.items():
-        c = None if label == PLAIN else score(costs, batch, label, nodes, depth, tracker, context)
+        c = None if label == PLAIN else score(costs, batch, label, nodes, depth, tracker, context,
+                                              factors.get(label, 1.0))
         if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == PLAIN else 1.0):
             best = c
     return best
+
+
+@dataclass
+class StepCostFeedback:
+    """What the engine paid for its steps against what the calibration priced them at, per batch size and shape.
+
+    Each timed step adds the ratio measured / priced seconds (clipped to [1 / ``clip``, ``clip``]: one stalled
+    step must not reprice a shape) to an exponentially decayed mean for its (batch size, label). A drafting
+    shape's ``factor`` is its mean ratio over the plain (``none``) steps' mean ratio at the same batch size: the
+    part of its price the calibration got wrong relative to plain decoding, whatever made the whole machine
+    faster or slower than at calibration time. A shape needs ``min_weight`` steps' worth of evidence before it
+    is corrected (factor 1 until then). Before as many plain steps were timed (a batch that drafted from its
+    first step), plain steps are assumed to cost their price, and a shape is only ever made dearer on that
+    assumption, never cheaper: on a machine running faster than at calibration every ratio is below 1, and
+    taking it for the tree's alone would make drafting look cheap where no plain step is ever timed to show
+    otherwise. Steps that include other work (a catch-up of the draft cache, a look-back probe) must not be
+    observed: the caller leaves them out.
+
+    Defaults: ``decay`` 0.97 as the acceptance trackers (about the last 30-65 steps of a shape count), ``clip``
+    2, ``min_weight`` 4."""
+
+    decay: float = 0.97
+    clip: float = 2.0
+    min_weight: float = 4.0
+    ratios: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)  # -> (decayed sum, weight)
+    drafted: int = 0
+    """Drafting steps observed so far: new evidence for the choice (plain steps alone move it only slowly)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0:
+            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1 and min_weight >= 0, got decay "
+                             f"{self.decay}, clip {self.clip}, min_weight {self.min_weight}")
+
+    def observe(self, batch: int, label: str, measured_s: float, priced_s: float) -> None:
+        """One step of ``label`` at ``batch`` took ``measured_s`` seconds; the calibration priced it ``priced_s``."""
+        if not (measured_s > 0 and priced_s > 0 and math.isfinite(measured_s) and math.isfinite(priced_s)):
+            raise ValueError(f"step times must be finite and > 0, got {measured_s} measured, {priced_s} priced")
+        r = min(max(measured_s / priced_s, 1.0 / self.clip), self.clip)
+        s, w = self.ratios.get((batch, label), (0.0, 0.0))
+        self.ratios[(batch, label)] = (s * self.decay + r, w * self.decay + 1.0)
+        if label != PLAIN:
+            self.drafted += 1
+
+    def ratio(self, batch: int, label: str) -> float | None:
+        """The decayed mean of measured / priced seconds once ``min_weight`` steps were timed, else None."""
+        s, w = self.ratios.get((batch, label), (0.0, 0.0))
+        return s / w if w >= self.min_weight and w > 0 else None
+
+    def factor(self, batch: int, label: str) -> float:
+        """How much more (> 1) or less a ``label`` step costs than priced, relative to a plain step; 1 for
+        ``none`` and until ``min_weight`` steps of the shape were timed."""
+        r = None if label == PLAIN else self.ratio(batch, label)
+        if r is None:
+            return 1.0
+        plain = self.ratio(batch, PLAIN)
+        return r / plain if plain is not None else max(1.0, r)
+
+    def factors(self, batch: int) -> dict[str, float]:
+        return {label: self.factor(batch, label) for b, label in self.ratios if b == batch and label != PLAIN}

@@ -27,6 +27,12 @@ per-request acceptance (``costmodel.py`` has the formulas).
   2-core Xeon (2026-11-26), before sampled requests looked back too.
   (The proposer records the pairs of paused steps and catches its draft cache up in one forward when
   drafting resumes or a probe looks back: ``proposer.py``.)
+* Prices are checked as the engine runs (``observe_step``, on unless ``cost_feedback=False``): each plain or
+  drafting step's wall time against the price the choice put on it (``costmodel.StepCostFeedback``), so that a
+  shape that keeps costing more than calibrated relative to plain steps is priced at what it costs from then
+  on. The choice then depends on the machine's timings as well as on acceptance: a seeded sampled run can draw
+  other tokens when its steps were timed differently (greedy output is the target's either way); without the
+  feedback a seeded run repeats its choices exactly.
 * ``last`` holds the latest choice (a ``costmodel.Choice``: label, predicted speedup, expected tokens, step
   seconds); ``step`` the prediction for the tree the latest ``pick`` returned (a probe's own, while paused).
   The proposer hands ``step`` to the engine, whose per-sequence stats count the trees and add up the
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from eaglespec.spec.costmodel import PLAIN, AcceptanceTracker, Choice, CostTable, choose, score
+from eaglespec.spec.costmodel import PLAIN, AcceptanceTracker, Choice, CostTable, StepCostFeedback, choose, score
 from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, TreeStrategy
 
 __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES"]
@@ -77,7 +83,7 @@ class AdaptiveDispatcher:
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
                  margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4,
                  probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
-                 batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM):
+                 batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
@@ -112,6 +118,7 @@ class AdaptiveDispatcher:
         self._since_draft = 0
         self._explore = False  # the request alone in the batch has not been probed yet (``start_row``)
         self._context: float | None = None
+        self.feedback = StepCostFeedback() if cost_feedback else None
 
     def __repr__(self) -> str:
         return f"AdaptiveDispatcher(candidates={list(self.candidates)}, calibrated on {self.costs.fingerprint!r})"
@@ -170,6 +177,12 @@ class AdaptiveDispatcher:
                 for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
                     t.update_first(h, n)
 
+    def observe_step(self, batch_size: int, seconds: float) -> None:
+        """The latest picked step took ``seconds`` of wall time (the caller leaves out steps that did other work:
+        a catch-up of the draft cache, a look-back)."""
+        if self.feedback is not None and self.step is not None:
+            self.feedback.observe(batch_size, self.step.label, seconds, self.step.step_s / self.step.factor)
+
     # ----------------------------------------------------------------------------------------- choice
     def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
         ts = [self.rows[r] for r in rows if r in self.rows] or [self.pools[False]]
@@ -199,12 +212,13 @@ class AdaptiveDispatcher:
         # CONTEXT_BUCKET tokens is new evidence too.
         bucket = None if context is None else int(context) // CONTEXT_BUCKET
         costs = self._costs(rows)
-        evidence = (batch_size, tuple(rows), self._observed, bucket, costs is self._sampled_costs)
+        evidence = (batch_size, tuple(rows), self._observed, bucket, costs is self._sampled_costs,
+                    self.feedback.drafted if self.feedback is not None else 0)
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
             self.last = choose(costs, batch_size, self._shapes, self._batch_tracker(rows), self._margin(batch_size),
-                               context)
+                               context, self._factors(batch_size))
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
@@ -234,6 +248,9 @@ class AdaptiveDispatcher:
         ``batched_margin`` with other rows (see ``BATCHED_MARGIN``)."""
         return self.margin if batch_size <= 1 else self.batched_margin
 
+    def _factors(self, batch_size: int) -> dict[str, float]:
+        return self.feedback.factors(batch_size) if self.feedback is not None else {}
+
     def _costs(self, rows: Sequence[int]) -> CostTable:
         """The calibration that prices these rows' steps: the sampled one if any of them samples (its plain
         and tree steps both cost more than greedy ones), else the greedy one."""
@@ -252,7 +269,8 @@ class AdaptiveDispatcher:
         rates = self._batch_tracker(rows).rates()
         optimism = self.probe_optimism if batch_size <= 1 else self.batched_probe_optimism
         hopeful = AcceptanceTracker(1.0, tuple(min(1.0, optimism * r) for r in rates), 1.0)
-        best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size), self._context)
+        best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size), self._context,
+                      self._factors(batch_size))
         if best.label == PLAIN:
             return False
         return not budget or max(budget) * (1.0 - 1.0 / best.predicted_speedup) >= PROBE_COST_STEPS
@@ -261,6 +279,7 @@ class AdaptiveDispatcher:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""
         cfg = self._probe
         self.step = score(self._costs(rows), batch_size, cfg.label, cfg.num_nodes, cfg.max_depth,
-                          self._batch_tracker(rows), self._context) or self.last
+                          self._batch_tracker(rows), self._context,
+                          self._factors(batch_size).get(cfg.label, 1.0)) or self.last
         self._probe_done = self._probe_left == 0
         return cfg

@@ -152,6 +152,7 @@ class EagleProposer:
         self._prompt_n: Tensor | None = None  # int64 [max_batch]: P of a row whose prompt waits, else 0
         self.step_label: str | None = None  # the tree of the latest propose() (its strategy's label)
         self.step_choice: Choice | None = None  # the cost model's prediction for it (adaptive dispatch only)
+        self._timed = 0  # batch size of the latest propose() when its step is the chosen tree's work alone, else 0
 
     # ------------------------------------------------------------------------------- engine protocol
 
@@ -250,12 +251,22 @@ class EagleProposer:
             self._step_generators = self._step_temperature = None
         # The engine drafts for all its active rows every step, so the bound covers every row that lags.
         look_back = getattr(self.dispatcher, "look_back_due", False)
+        self._timed = int(rows.numel())  # the step's batch size, for observe_step_time; 0: not a plain step's work
         if (self._lag_bound or self._prompts) and (cfg.drafts or look_back or self._lag_bound >= self.max_lag):
             self._catch_up(rows, ids, look_back)
+            self._timed = 0  # the catch-up is not what the chosen tree costs
         self._rows, self._prefix = rows, prefix_lengths
         tree, node_slot = cfg.draft(self, pending)
         self._drafted = _Drafted(prefix_lengths, node_slot, host)
         return tree
+
+    def observe_step_time(self, seconds: float) -> None:
+        """The engine's wall time of the latest step (propose, target forward, verification, commit): handed to
+        an acceptance-aware dispatcher as the price check of the tree it chose, unless the step also caught the
+        draft cache up (resuming, a look-back probe), which is not that tree's cost."""
+        if self._timed and hasattr(self.dispatcher, "observe_step"):
+            self.dispatcher.observe_step(self._timed, seconds)
+        self._timed = 0
 
     def commit(self, rows: Tensor, tree: DraftTree, verdict, out, n_accepted: list[int] | None = None) -> None:
         """Append the accepted pairs to the draft cache and refresh last_h (see the module docstring).

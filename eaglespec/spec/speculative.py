@@ -52,6 +52,10 @@ class DraftOptions:
     """tree "auto": pick the tree per step from this machine's measured costs and live acceptance
     (dispatch.AdaptiveDispatcher; calibration cached per machine, model, precision and head); False = the
     static table by batch size (strategies.DEFAULT_TREE_TABLE)."""
+    cost_feedback: bool = True
+    """tree "auto" with calibration: check the calibrated prices against the engine's timed steps and reprice a
+    tree that keeps costing more or less than priced (``costmodel.StepCostFeedback``); False: the choice
+    depends on acceptance alone, so a seeded run repeats its choices (and its sampled tokens) exactly."""
     max_lag: int = 1024
     """Paused (no-draft) steps whose draft pairs are recorded before the draft cache catches up in one forward
     (proposer.EagleProposer); 0 = encode each at its step (what a paused step cost before; bench `lag=0`).
