@@ -1367,10 +1367,10 @@ def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain
 
 # ------------------------------------------------------------------------------------- step-cost feedback
 def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
-    """A shape is corrected by its measured / priced ratio over the plain steps' ratio, once each has
-    ``min_weight`` steps; before plain steps are timed a shape is made dearer but never cheaper; a machine that
-    got slower for every step corrects nothing; one stalled step moves the price by at most its clipped share;
-    bad readings and parameters are refused."""
+    """A shape is corrected by its measured / priced ratio over the plain steps' ratio (plain counted at its price
+    until ``min_weight`` plain steps were timed) once it has ``min_weight`` steps, and only ever made dearer; a
+    machine that got slower or faster for every step corrects nothing; one stalled step moves the price by at most
+    its clipped share; bad readings and parameters are refused."""
     from eaglespec.spec.costmodel import StepCostFeedback
 
     f = StepCostFeedback(decay=1.0)
@@ -1387,13 +1387,16 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert f.factor(1, "chain1") == 1.0 and f.factor(4, "none") == 1.0  # per batch size; plain is the reference
     assert f.factors(4) == {"chain1": f.factor(4, "chain1")} and f.drafted == 4
 
-    fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price: nothing looks cheaper until plain is timed
+    fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price
     for _ in range(10):
         fast.observe(1, "chain2", 0.014, 0.020)
     assert fast.factor(1, "chain2") == 1.0
     for _ in range(10):
         fast.observe(1, "none", 0.007, 0.010)
     assert fast.factor(1, "chain2") == pytest.approx(1.0)  # the machine, not the price, changed
+    for _ in range(30):
+        fast.observe(1, "chain2", 0.010, 0.020)  # the chain now at 0.5x its price, plain at 0.7x
+    assert fast.factor(1, "chain2") == 1.0  # cheaper than priced: the price stands
 
     stall = StepCostFeedback(decay=1.0)
     for _ in range(9):

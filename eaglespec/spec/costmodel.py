@@ -26,7 +26,8 @@ is divided by the price the model put on it, per shape and batch size, and a sha
 more (or less) than priced, relative to plain steps measured the same way, has its price scaled by that
 factor. A calibration read in a quiet minute, or on a machine that drifted since, otherwise steers every
 request: on a 2-core EPYC one priced a batch-4 chain of 1 at 1.52 plain steps where the engine paid ~1.66, and
-`--tree auto` drafted at a predicted 1.02-1.08x and ran 0.93-0.97x (session 20).
+`--tree auto` drafted at a predicted 1.02-1.08x and ran 0.93-0.97x (session 20). The check only ever makes a
+tree dearer (``StepCostFeedback`` says why).
 
 Pure functions and small trackers; the dispatcher that uses them lives with the tree strategies.
 """
@@ -335,15 +336,16 @@ class StepCostFeedback:
 
     Each timed step adds the ratio measured / priced seconds (clipped to [1 / ``clip``, ``clip``]: one stalled
     step must not reprice a shape) to an exponentially decayed mean for its (batch size, label). A drafting
-    shape's ``factor`` is its mean ratio over the plain (``none``) steps' mean ratio at the same batch size: the
+    shape's ``factor`` is its mean ratio over the plain (``none``) steps' mean ratio at the same batch size (the
     part of its price the calibration got wrong relative to plain decoding, whatever made the whole machine
-    faster or slower than at calibration time. A shape needs ``min_weight`` steps' worth of evidence before it
-    is corrected (factor 1 until then). Before as many plain steps were timed (a batch that drafted from its
-    first step), plain steps are assumed to cost their price, and a shape is only ever made dearer on that
-    assumption, never cheaper: on a machine running faster than at calibration every ratio is below 1, and
-    taking it for the tree's alone would make drafting look cheap where no plain step is ever timed to show
-    otherwise. Steps that include other work (a catch-up of the draft cache, a look-back probe) must not be
-    observed: the caller leaves them out.
+    faster or slower than at calibration time; plain steps count at their price until ``min_weight`` of them
+    were timed), and never below 1: the check only ever makes a tree dearer. A tree found cheaper than priced
+    keeps its price, because what its timed steps leave out is a cost of drafting too: the steps that caught the
+    draft cache up (a request's first drafting step encodes its whole prompt through the head, the first after a
+    pause every pair recorded meanwhile) must not be observed (the caller leaves them out: their time is not the
+    tree's step), and on Spec-Bench at batch 1 the chains' other steps ran at ~0.90 of their price while plain
+    steps ran at ~0.98 (`docs/DISPATCH.md`, "Prices, online"). A shape needs ``min_weight`` steps' worth of
+    evidence before it is corrected (factor 1 until then).
 
     Defaults: ``decay`` 0.97 as the acceptance trackers (about the last 30-65 steps of a shape count), ``clip``
     2, ``min_weight`` 4."""
@@ -376,13 +378,12 @@ class StepCostFeedback:
         return s / w if w >= self.min_weight and w > 0 else None
 
     def factor(self, batch: int, label: str) -> float:
-        """How much more (> 1) or less a ``label`` step costs than priced, relative to a plain step; 1 for
+        """How much more a ``label`` step costs than priced, relative to a plain step, and at least 1; 1 for
         ``none`` and until ``min_weight`` steps of the shape were timed."""
         r = None if label == PLAIN else self.ratio(batch, label)
         if r is None:
             return 1.0
-        plain = self.ratio(batch, PLAIN)
-        return r / plain if plain is not None else max(1.0, r)
+        return max(1.0, r / (self.ratio(batch, PLAIN) or 1.0))
 
     def factors(self, batch: int) -> dict[str, float]:
         return {label: self.factor(batch, label) for b, label in self.ratios if b == batch and label != PLAIN}
