@@ -1368,37 +1368,36 @@ def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain
 # ------------------------------------------------------------------------------------- step-cost feedback
 def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     """A shape is corrected by its measured / priced ratio over the plain steps' ratio (plain counted at its price
-    until ``min_weight`` plain steps were timed) once it has ``min_weight`` steps, and only ever made dearer; a
-    machine that got slower or faster for every step corrects nothing; one stalled step moves the price by at most
-    its clipped share; bad readings and parameters are refused."""
+    until ``min_weight`` plain steps were timed) once it has ``min_weight`` steps, and only where that makes it
+    ``tolerance`` or more dearer; a machine that got slower or faster for every step corrects nothing; one
+    stalled step moves the price by at most its clipped share; bad readings and parameters are refused."""
     from eaglespec.spec.costmodel import StepCostFeedback
 
-    f = StepCostFeedback(decay=1.0)
+    f = StepCostFeedback(decay=1.0, min_weight=4)
     for _ in range(3):
-        f.observe(4, "chain1", 0.012, 0.010)
+        f.observe(4, "chain1", 0.013, 0.010)
     assert f.factor(4, "chain1") == 1.0  # 3 steps: not enough evidence
-    f.observe(4, "chain1", 0.012, 0.010)
-    assert f.factor(4, "chain1") == pytest.approx(1.2)  # no plain step timed: plain assumed at its price
-    for _ in range(3):
+    f.observe(4, "chain1", 0.013, 0.010)
+    assert f.factor(4, "chain1") == pytest.approx(1.3)  # no plain step timed: plain assumed at its price
+    for _ in range(4):
         f.observe(4, "none", 0.011, 0.010)  # plain steps 10% dearer than priced too
-    assert f.factor(4, "chain1") == pytest.approx(1.2)
-    f.observe(4, "none", 0.011, 0.010)
-    assert f.factor(4, "chain1") == pytest.approx(1.2 / 1.1)
+    assert f.factor(4, "chain1") == pytest.approx(1.3 / 1.1)
+    for _ in range(4):
+        f.observe(4, "none", 0.013, 0.010)  # plain now 1.2 on average: the chain within 1.10 of it
+    assert f.factor(4, "chain1") == 1.0
     assert f.factor(1, "chain1") == 1.0 and f.factor(4, "none") == 1.0  # per batch size; plain is the reference
-    assert f.factors(4) == {"chain1": f.factor(4, "chain1")} and f.drafted == 4
+    assert f.factors(4) == {"chain1": 1.0} and f.drafted == 4
 
     fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price
     for _ in range(10):
         fast.observe(1, "chain2", 0.014, 0.020)
-    assert fast.factor(1, "chain2") == 1.0
-    for _ in range(10):
         fast.observe(1, "none", 0.007, 0.010)
-    assert fast.factor(1, "chain2") == pytest.approx(1.0)  # the machine, not the price, changed
+    assert fast.factor(1, "chain2") == 1.0  # the machine, not the price, changed
     for _ in range(30):
         fast.observe(1, "chain2", 0.010, 0.020)  # the chain now at 0.5x its price, plain at 0.7x
     assert fast.factor(1, "chain2") == 1.0  # cheaper than priced: the price stands
 
-    stall = StepCostFeedback(decay=1.0)
+    stall = StepCostFeedback(decay=1.0, tolerance=1.0)
     for _ in range(9):
         stall.observe(1, "none", 0.010, 0.010)
         stall.observe(1, "chain1", 0.010, 0.010)
@@ -1413,6 +1412,8 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
         StepCostFeedback(decay=0.0)
     with pytest.raises(ValueError, match="clip >= 1"):
         StepCostFeedback(clip=0.5)
+    with pytest.raises(ValueError, match="tolerance >= 1"):
+        StepCostFeedback(tolerance=0.9)
 
 
 def _priced_wrong(cost_feedback: bool, engine_ratio: float, steps: int = 40) -> list[str]:
@@ -1441,7 +1442,7 @@ def test_a_tree_the_calibration_priced_too_cheap_is_dropped_once_its_steps_are_t
     on either way, and the chain's corrected price does not compound (the ratio is taken against the
     calibrated price, not the corrected one)."""
     fed = _priced_wrong(True, 1.6)
-    assert fed[:5] == ["chain1"] * 5 and set(fed[5:]) == {"none"}  # 5 decayed steps weigh 4.7 >= min_weight 4
+    assert fed[:9] == ["chain1"] * 9 and set(fed[9:]) == {"none"}  # 9 decayed steps weigh 8.6 >= min_weight 8
     assert set(_priced_wrong(False, 1.6)) == {"chain1"}
     assert set(_priced_wrong(True, 1.3, steps=200)) == {"chain1"}
 
@@ -1453,8 +1454,9 @@ def test_a_tree_the_calibration_priced_too_cheap_is_dropped_once_its_steps_are_t
     for _ in range(30):
         assert d.pick(1, [0]).label == "chain1"
         d.observe([0], Chain(1), [1])
-        d.observe_step(1, 0.0143)  # 1.1x its price: still ~1.5 / 1.43 = 1.05x, above the 1.02 margin
-    assert d.last.factor == pytest.approx(1.1, rel=1e-9) and d.last.predicted_speedup == pytest.approx(1.5 / 1.43, rel=1e-4)
+        d.observe_step(1, 0.0143)  # 1.1x its price (the tolerance): still ~1.5 / 1.43 = 1.05x, above the margin
+    assert d.last.factor == pytest.approx(1.1, rel=1e-9)
+    assert d.last.predicted_speedup == pytest.approx(1.5 / 1.43, rel=1e-4)
     assert d.last.step_s == pytest.approx(0.0143)
 
 

@@ -339,28 +339,32 @@ class StepCostFeedback:
     shape's ``factor`` is its mean ratio over the plain (``none``) steps' mean ratio at the same batch size (the
     part of its price the calibration got wrong relative to plain decoding, whatever made the whole machine
     faster or slower than at calibration time; plain steps count at their price until ``min_weight`` of them
-    were timed), and never below 1: the check only ever makes a tree dearer. A tree found cheaper than priced
-    keeps its price, because what its timed steps leave out is a cost of drafting too: the steps that caught the
-    draft cache up (a request's first drafting step encodes its whole prompt through the head, the first after a
-    pause every pair recorded meanwhile) must not be observed (the caller leaves them out: their time is not the
-    tree's step), and on Spec-Bench at batch 1 the chains' other steps ran at ~0.90 of their price while plain
-    steps ran at ~0.98 (`docs/DISPATCH.md`, "Prices, online"). A shape needs ``min_weight`` steps' worth of
-    evidence before it is corrected (factor 1 until then).
+    were timed), applied only from ``tolerance`` up: the check only ever makes a tree dearer, and only by more
+    than its own comparison can resolve. Drafting and plain steps are timed in different stretches of the run
+    (other requests, contexts, minutes), not paired as the calibration pairs them: on Spec-Bench at batch 1 the
+    factor of chains the calibration priced about right wandered over 0.87-1.03 (5th-95th percentile, decay
+    0.99; 0.76-1.01 with 0.97), and correcting by such readings paused chains that paid (`docs/DISPATCH.md`,
+    "Prices, online"). A tree found cheaper than priced keeps its price: what its timed steps leave out is a
+    cost of drafting too (the steps that caught the draft cache up must not be observed, as the caller does:
+    a request's first drafting step encodes its whole prompt through the head, the first after a pause every
+    pair recorded meanwhile). A shape needs ``min_weight`` steps' worth of evidence before it is corrected.
 
-    Defaults: ``decay`` 0.97 as the acceptance trackers (about the last 30-65 steps of a shape count), ``clip``
-    2, ``min_weight`` 4."""
+    Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 8,
+    ``tolerance`` 1.10."""
 
-    decay: float = 0.97
+    decay: float = 0.99
     clip: float = 2.0
-    min_weight: float = 4.0
+    min_weight: float = 8.0
+    tolerance: float = 1.10
     ratios: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)  # -> (decayed sum, weight)
     drafted: int = 0
     """Drafting steps observed so far: new evidence for the choice (plain steps alone move it only slowly)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0:
-            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1 and min_weight >= 0, got decay "
-                             f"{self.decay}, clip {self.clip}, min_weight {self.min_weight}")
+        if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0 or not self.tolerance >= 1.0:
+            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1, min_weight >= 0 and tolerance >= 1, "
+                             f"got decay {self.decay}, clip {self.clip}, min_weight {self.min_weight}, tolerance "
+                             f"{self.tolerance}")
 
     def observe(self, batch: int, label: str, measured_s: float, priced_s: float) -> None:
         """One step of ``label`` at ``batch`` took ``measured_s`` seconds; the calibration priced it ``priced_s``."""
@@ -378,12 +382,13 @@ class StepCostFeedback:
         return s / w if w >= self.min_weight and w > 0 else None
 
     def factor(self, batch: int, label: str) -> float:
-        """How much more a ``label`` step costs than priced, relative to a plain step, and at least 1; 1 for
-        ``none`` and until ``min_weight`` steps of the shape were timed."""
+        """How much more a ``label`` step costs than priced, relative to a plain step, where that is at least
+        ``tolerance``; else 1 (also for ``none`` and until ``min_weight`` steps of the shape were timed)."""
         r = None if label == PLAIN else self.ratio(batch, label)
         if r is None:
             return 1.0
-        return max(1.0, r / (self.ratio(batch, PLAIN) or 1.0))
+        f = r / (self.ratio(batch, PLAIN) or 1.0)
+        return f if f >= self.tolerance else 1.0
 
     def factors(self, batch: int) -> dict[str, float]:
         return {label: self.factor(batch, label) for b, label in self.ratios if b == batch and label != PLAIN}
