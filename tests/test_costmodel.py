@@ -1387,6 +1387,8 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert f.factor(4, "chain1") == 1.0
     assert f.factor(1, "chain1") == 1.0 and f.factor(4, "none") == 1.0  # per batch size; plain is the reference
     assert f.factors(4) == {"chain1": 1.0} and f.drafted == 4
+    assert f.snapshot() == {"4:chain1": {"ratio": 1.3, "weight": 4.0, "factor": 1.0},
+                            "4:none": {"ratio": 1.2, "weight": 8.0, "factor": 1.0}}
 
     fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price
     for _ in range(10):

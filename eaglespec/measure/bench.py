@@ -255,9 +255,12 @@ class EngineRunner:
         synchronize(self.device)
         wall = time.perf_counter() - t0
         spec = self.engine.proposer is not None
+        # the step-cost feedback's state after this group (`--tree auto`): what it made of the timed steps so far
+        feedback = getattr(getattr(self.engine.proposer, "dispatcher", None), "feedback", None)
+        extra = {"cost_feedback": feedback.snapshot()} if feedback is not None else {}
         return [Output(c.token_ids, c.text, c.finish_reason, c.stats.wall_s, wall, len(prompts),
                        c.stats.target_forwards, list(c.stats.accepted_per_position), c.stats.prefill_s,
-                       c.stats.draft_s, c.stats.verify_s, c.stats.dispatch_record() if spec else {})
+                       c.stats.draft_s, c.stats.verify_s, {**c.stats.dispatch_record(), **extra} if spec else {})
                 for c in done]
 
 

@@ -392,3 +392,8 @@ class StepCostFeedback:
 
     def factors(self, batch: int) -> dict[str, float]:
         return {label: self.factor(batch, label) for b, label in self.ratios if b == batch and label != PLAIN}
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """"BATCH:LABEL" -> the decayed mean ratio, its weight in steps and the factor now applied (records)."""
+        return {f"{b}:{label}": {"ratio": round(s / w, 4), "weight": round(w, 2), "factor": round(self.factor(b, label), 4)}
+                for (b, label), (s, w) in sorted(self.ratios.items()) if w > 0}
