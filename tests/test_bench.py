@@ -341,6 +341,7 @@ def test_bench_records_the_dispatchers_choice_and_both_speedups(model_dir, head_
         assert r["predicted_speedup"] > 0 and 1 <= r["tree_nodes"] <= 17
         fb = r["cost_feedback"]  # the step-cost feedback's state after the group: timed steps of its batch size
         assert fb and all(k.split(":")[0] in ("1", "2") and v["weight"] > 0 and v["factor"] >= 1 for k, v in fb.items())
+        assert all(k.split(":")[2] != "any" for k in fb)  # priced at the rows' context, banded
         v = vanilla[(r["question_id"], r["batch_size"])]
         tps = (lambda x: x["new_tokens"] * x["batch_n"] / x["batch_wall_s"])
         assert r["measured_speedup"] == pytest.approx(tps(r) / tps(v), abs=1e-4)

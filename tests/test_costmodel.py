@@ -1369,8 +1369,9 @@ def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain
 def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     """A shape is corrected by its measured / priced ratio over the plain steps' ratio (plain counted at its price
     until ``min_weight`` plain steps were timed) once it has ``min_weight`` steps, and only where that makes it
-    ``tolerance`` or more dearer; a machine that got slower or faster for every step corrects nothing; one
-    stalled step moves the price by at most its clipped share; bad readings and parameters are refused."""
+    ``tolerance`` or more dearer; ratios are compared within a band of context only; a machine that got slower or
+    faster for every step corrects nothing; one stalled step moves the price by at most its clipped share; bad
+    readings and parameters are refused."""
     from eaglespec.spec.costmodel import StepCostFeedback
 
     f = StepCostFeedback(decay=1.0, min_weight=4)
@@ -1387,8 +1388,19 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert f.factor(4, "chain1") == 1.0
     assert f.factor(1, "chain1") == 1.0 and f.factor(4, "none") == 1.0  # per batch size; plain is the reference
     assert f.factors(4) == {"chain1": 1.0} and f.drafted == 4
-    assert f.snapshot() == {"4:chain1": {"ratio": 1.3, "weight": 4.0, "factor": 1.0},
-                            "4:none": {"ratio": 1.2, "weight": 8.0, "factor": 1.0}}
+    assert f.snapshot() == {"4:chain1:any": {"ratio": 1.3, "weight": 4.0, "factor": 1.0},
+                            "4:none:any": {"ratio": 1.2, "weight": 8.0, "factor": 1.0}}
+
+    bands = StepCostFeedback(decay=1.0)  # plain steps timed over long contexts only, where they ran cheap
+    for _ in range(20):
+        bands.observe(1, "none", 0.0082, 0.010, context=1500)
+        bands.observe(1, "chain1", 0.0095, 0.010, context=200)
+    assert bands.factor(1, "chain1", 200) == 1.0  # not compared with plain steps of another context band
+    for _ in range(20):
+        bands.observe(1, "chain1", 0.0095, 0.010, context=1500)
+    assert bands.factor(1, "chain1", 1500) == pytest.approx(0.95 / 0.82)  # compared within its band
+    assert bands.factors(1, 200) == {"chain1": 1.0} and bands.factors(1, 1400) == {"chain1": pytest.approx(0.95 / 0.82)}
+    assert set(bands.snapshot()) == {"1:none:1280-1536", "1:chain1:0-256", "1:chain1:1280-1536"}
 
     fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price
     for _ in range(10):
@@ -1416,6 +1428,8 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
         StepCostFeedback(clip=0.5)
     with pytest.raises(ValueError, match="tolerance >= 1"):
         StepCostFeedback(tolerance=0.9)
+    with pytest.raises(ValueError, match="band >= 1"):
+        StepCostFeedback(band=0)
 
 
 def _priced_wrong(cost_feedback: bool, engine_ratio: float, steps: int = 40) -> list[str]:

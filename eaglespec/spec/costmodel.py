@@ -332,68 +332,91 @@ def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int
 
 @dataclass
 class StepCostFeedback:
-    """What the engine paid for its steps against what the calibration priced them at, per batch size and shape.
+    """What the engine paid for its steps against what the calibration priced them at, per batch size, shape and
+    band of context.
 
     Each timed step adds the ratio measured / priced seconds (clipped to [1 / ``clip``, ``clip``]: one stalled
-    step must not reprice a shape) to an exponentially decayed mean for its (batch size, label). A drafting
-    shape's ``factor`` is its mean ratio over the plain (``none``) steps' mean ratio at the same batch size (the
-    part of its price the calibration got wrong relative to plain decoding, whatever made the whole machine
-    faster or slower than at calibration time; plain steps count at their price until ``min_weight`` of them
-    were timed), applied only from ``tolerance`` up: the check only ever makes a tree dearer, and only by more
-    than its own comparison can resolve. Drafting and plain steps are timed in different stretches of the run
-    (other requests, contexts, minutes), not paired as the calibration pairs them: on Spec-Bench at batch 1 the
-    factor of chains the calibration priced about right wandered over 0.87-1.03 (5th-95th percentile, decay
-    0.99; 0.76-1.01 with 0.97), and correcting by such readings paused chains that paid (`docs/DISPATCH.md`,
-    "Prices, online"). A tree found cheaper than priced keeps its price: what its timed steps leave out is a
-    cost of drafting too (the steps that caught the draft cache up must not be observed, as the caller does:
-    a request's first drafting step encodes its whole prompt through the head, the first after a pause every
-    pair recorded meanwhile). A shape needs ``min_weight`` steps' worth of evidence before it is corrected.
+    step must not reprice a shape) to an exponentially decayed mean for its (batch size, label, context band of
+    ``band`` tokens). A drafting shape's ``factor`` at a context is its mean ratio over the plain (``none``)
+    steps' mean ratio in the same band at the same batch size (the part of its price the calibration got wrong
+    relative to plain decoding, whatever made the whole machine faster or slower than at calibration time;
+    plain steps count at their price until ``min_weight`` of them were timed in the band), applied only from
+    ``tolerance`` up: the check only ever makes a tree dearer, and only by more than its own comparison can
+    resolve. Drafting and plain steps are timed in different stretches of a run (other requests, minutes), not
+    paired as the calibration pairs them, and the calibration's price per context token errs too: on Spec-Bench
+    at batch 1 plain steps ran at ~0.98 of their price over short contexts and ~0.82-0.85 over the long
+    summarization prompts, where the chains were rarely drafted; one mean over all contexts then raised the
+    price of chains that were priced right (by 1.10-1.16 at the end of that run), hence the bands and the
+    tolerance (`docs/DISPATCH.md`, "Prices, online"). A tree found cheaper than priced keeps its price: what its
+    timed steps leave out is a cost of drafting too (the steps that caught the draft cache up must not be
+    observed, as the caller does: a request's first drafting step encodes its whole prompt through the head,
+    the first after a pause every pair recorded meanwhile). A shape needs ``min_weight`` steps' worth of
+    evidence in the band before it is corrected.
 
     Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 8,
-    ``tolerance`` 1.10."""
+    ``tolerance`` 1.10, ``band`` 256 tokens."""
 
     decay: float = 0.99
     clip: float = 2.0
     min_weight: float = 8.0
     tolerance: float = 1.10
-    ratios: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)  # -> (decayed sum, weight)
+    band: int = 256
+    ratios: dict[tuple[int, str, int], tuple[float, float]] = field(default_factory=dict)
+    """(batch, label, band index) -> (decayed sum of ratios, decayed weight); band -1: context unknown."""
     drafted: int = 0
     """Drafting steps observed so far: new evidence for the choice (plain steps alone move it only slowly)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0 or not self.tolerance >= 1.0:
-            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1, min_weight >= 0 and tolerance >= 1, "
-                             f"got decay {self.decay}, clip {self.clip}, min_weight {self.min_weight}, tolerance "
-                             f"{self.tolerance}")
+        if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0 or not self.tolerance >= 1.0 \
+                or self.band < 1:
+            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1, min_weight >= 0, tolerance >= 1 and "
+                             f"band >= 1, got decay {self.decay}, clip {self.clip}, min_weight {self.min_weight}, "
+                             f"tolerance {self.tolerance}, band {self.band}")
 
-    def observe(self, batch: int, label: str, measured_s: float, priced_s: float) -> None:
-        """One step of ``label`` at ``batch`` took ``measured_s`` seconds; the calibration priced it ``priced_s``."""
+    def _band(self, context: float | None) -> int:
+        return -1 if context is None else int(max(context, 0.0) // self.band)
+
+    def observe(self, batch: int, label: str, measured_s: float, priced_s: float,
+                context: float | None = None) -> None:
+        """One step of ``label`` at ``batch`` and mean context ``context`` took ``measured_s`` seconds; the
+        calibration priced it ``priced_s``."""
         if not (measured_s > 0 and priced_s > 0 and math.isfinite(measured_s) and math.isfinite(priced_s)):
             raise ValueError(f"step times must be finite and > 0, got {measured_s} measured, {priced_s} priced")
         r = min(max(measured_s / priced_s, 1.0 / self.clip), self.clip)
-        s, w = self.ratios.get((batch, label), (0.0, 0.0))
-        self.ratios[(batch, label)] = (s * self.decay + r, w * self.decay + 1.0)
+        key = (batch, label, self._band(context))
+        s, w = self.ratios.get(key, (0.0, 0.0))
+        self.ratios[key] = (s * self.decay + r, w * self.decay + 1.0)
         if label != PLAIN:
             self.drafted += 1
 
-    def ratio(self, batch: int, label: str) -> float | None:
-        """The decayed mean of measured / priced seconds once ``min_weight`` steps were timed, else None."""
-        s, w = self.ratios.get((batch, label), (0.0, 0.0))
+    def ratio(self, batch: int, label: str, context: float | None = None) -> float | None:
+        """The decayed mean of measured / priced seconds in the context's band once ``min_weight`` steps were
+        timed there, else None."""
+        s, w = self.ratios.get((batch, label, self._band(context)), (0.0, 0.0))
         return s / w if w >= self.min_weight and w > 0 else None
 
-    def factor(self, batch: int, label: str) -> float:
-        """How much more a ``label`` step costs than priced, relative to a plain step, where that is at least
-        ``tolerance``; else 1 (also for ``none`` and until ``min_weight`` steps of the shape were timed)."""
-        r = None if label == PLAIN else self.ratio(batch, label)
+    def factor(self, batch: int, label: str, context: float | None = None) -> float:
+        """How much more a ``label`` step costs than priced at this context, relative to a plain step, where that
+        is at least ``tolerance``; else 1 (also for ``none`` and until ``min_weight`` steps of the shape were
+        timed in the band)."""
+        r = None if label == PLAIN else self.ratio(batch, label, context)
         if r is None:
             return 1.0
-        f = r / (self.ratio(batch, PLAIN) or 1.0)
+        f = r / (self.ratio(batch, PLAIN, context) or 1.0)
         return f if f >= self.tolerance else 1.0
 
-    def factors(self, batch: int) -> dict[str, float]:
-        return {label: self.factor(batch, label) for b, label in self.ratios if b == batch and label != PLAIN}
+    def factors(self, batch: int, context: float | None = None) -> dict[str, float]:
+        """label -> ``factor`` for the shapes timed at this batch size (at any context)."""
+        return {label: self.factor(batch, label, context) for b, label, _ in self.ratios if b == batch and label != PLAIN}
 
     def snapshot(self) -> dict[str, dict[str, float]]:
-        """"BATCH:LABEL" -> the decayed mean ratio, its weight in steps and the factor now applied (records)."""
-        return {f"{b}:{label}": {"ratio": round(s / w, 4), "weight": round(w, 2), "factor": round(self.factor(b, label), 4)}
-                for (b, label), (s, w) in sorted(self.ratios.items()) if w > 0}
+        """"BATCH:LABEL:FROM-TO" (the band's context tokens; "any" where unknown) -> the decayed mean ratio, its
+        weight in steps and the factor it sets in that band (records)."""
+        out = {}
+        for (b, label, k), (s, w) in sorted(self.ratios.items()):
+            if w > 0:
+                band = "any" if k < 0 else f"{k * self.band}-{(k + 1) * self.band}"
+                ctx = None if k < 0 else k * self.band
+                out[f"{b}:{label}:{band}"] = {"ratio": round(s / w, 4), "weight": round(w, 2),
+                                              "factor": round(self.factor(b, label, ctx), 4)}
+        return out

@@ -181,7 +181,8 @@ class AdaptiveDispatcher:
         """The latest picked step took ``seconds`` of wall time (the caller leaves out steps that did other work:
         a catch-up of the draft cache, a look-back)."""
         if self.feedback is not None and self.step is not None:
-            self.feedback.observe(batch_size, self.step.label, seconds, self.step.step_s / self.step.factor)
+            self.feedback.observe(batch_size, self.step.label, seconds, self.step.step_s / self.step.factor,
+                                  self._context)
 
     # ----------------------------------------------------------------------------------------- choice
     def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
@@ -249,7 +250,7 @@ class AdaptiveDispatcher:
         return self.margin if batch_size <= 1 else self.batched_margin
 
     def _factors(self, batch_size: int) -> dict[str, float]:
-        return self.feedback.factors(batch_size) if self.feedback is not None else {}
+        return self.feedback.factors(batch_size, self._context) if self.feedback is not None else {}
 
     def _costs(self, rows: Sequence[int]) -> CostTable:
         """The calibration that prices these rows' steps: the sampled one if any of them samples (its plain
