@@ -333,6 +333,11 @@ def test_metrics_parse_and_count(spec_server):
                                           - before.get(("eaglespec_spec_target_forwards_total", ()), 0))
     assert {dict(k[1])["tree"] for k, v in rounds.items() if v} <= {"none", *(c.label for c in DEFAULT_CANDIDATES)}
     assert after[("eaglespec_spec_predicted_speedup", ())] > 0
+    # the step-cost feedback's state: measured / calibrated seconds per batch, tree and context band, and the
+    # correction of each drafting tree's price (never below 1)
+    ratios = {dict(k[1])["tree"]: v for k, v in after.items() if k[0] == "eaglespec_spec_cost_ratio"}
+    assert ratios and all(0.5 <= v <= 2.0 for v in ratios.values())
+    assert all(v >= 1.0 for k, v in after.items() if k[0] == "eaglespec_spec_cost_factor")
     for route, status in (("/v1/completions", "200"), ("/v1/completions", "400")):
         key = ("eaglespec_requests_total", (("route", route), ("status", status)))
         assert after[key] - before.get(key, 0) == 1

@@ -103,6 +103,15 @@ class ServerMetrics:
             "trees the dispatcher chose, pooled over finished speculative requests (predicted tokens/s over "
             "calibrated plain tokens/s; measuring it needs a plain run of the same prompts: eaglespec bench)",
             registry=r)
+        self.cost_ratio = Gauge(
+            "eaglespec_spec_cost_ratio", "Measured over calibrated seconds of the speculative engine's steps "
+            "(decayed mean), by batch size, tree (none = a plain step while paused) and band of context tokens: "
+            "the dispatcher's step-cost feedback (docs/DISPATCH.md, 'Prices, online')", ["batch", "tree", "context"],
+            registry=r)
+        self.cost_factor = Gauge(
+            "eaglespec_spec_cost_factor", "The step-cost feedback's correction of a tree's calibrated price "
+            "(1 = as calibrated), by batch size, tree and band of context tokens", ["batch", "tree", "context"],
+            registry=r)
         self.ttft = Histogram("eaglespec_time_to_first_token_seconds", "Request arrival to its first token",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("eaglespec_inter_token_latency_seconds", "Per output token after the first: the gap "
@@ -138,6 +147,14 @@ class ServerMetrics:
             self.tree_rounds.labels(label).inc(rounds)
         if self._spec.predicted_speedup is not None:
             self.predicted_speedup.set(self._spec.predicted_speedup)
+
+    def on_feedback(self, feedback) -> None:
+        """The state of the speculative engine's step-cost feedback (``costmodel.StepCostFeedback``)."""
+        for key, v in feedback.snapshot().items():
+            batch, tree, band = key.split(":")
+            self.cost_ratio.labels(batch, tree, band).set(v["ratio"])
+            if tree != "none":
+                self.cost_factor.labels(batch, tree, band).set(v["factor"])
 
 
 class Scheduler:
@@ -297,6 +314,9 @@ class Scheduler:
                 self._release(job)
                 self.metrics.on_finish(job, c)
                 job.send(("done", c))
+        feedback = getattr(getattr(self.engines[name].proposer, "dispatcher", None), "feedback", None)
+        if finished and feedback is not None:
+            self.metrics.on_feedback(feedback)
 
     def _fail(self, job: Job, status: int, message: str) -> None:
         self._jobs.pop(job.key, None)

@@ -22,9 +22,9 @@ tokens from acceptance measured online:
     chain prediction of the same depth, so an unmeasured tree is worth trying exactly when its chain is.
 
 The calibrated costs are checked against what the engine pays (``StepCostFeedback``): each step's wall time
-is divided by the price the model put on it, per shape and batch size, and a shape whose steps keep costing
-more (or less) than priced, relative to plain steps measured the same way, has its price scaled by that
-factor. A calibration read in a quiet minute, or on a machine that drifted since, otherwise steers every
+is divided by the price the model put on it, per shape, batch size and band of context, and a shape whose steps
+keep costing 10% or more beyond their price, relative to plain steps timed the same way, has its price scaled
+by that factor. A calibration read in a quiet minute, or on a machine that drifted since, otherwise steers every
 request: on a 2-core EPYC one priced a batch-4 chain of 1 at 1.52 plain steps where the engine paid ~1.66, and
 `--tree auto` drafted at a predicted 1.02-1.08x and ran 0.93-0.97x (session 20). The check only ever makes a
 tree dearer (``StepCostFeedback`` says why).
@@ -406,7 +406,7 @@ class StepCostFeedback:
         return f if f >= self.tolerance else 1.0
 
     def factors(self, batch: int, context: float | None = None) -> dict[str, float]:
-        """label -> ``factor`` for the shapes timed at this batch size (at any context)."""
+        """label -> its ``factor`` at this context, for every shape timed at this batch size (in any band)."""
         return {label: self.factor(batch, label, context) for b, label, _ in self.ratios if b == batch and label != PLAIN}
 
     def snapshot(self) -> dict[str, dict[str, float]]:

@@ -251,7 +251,7 @@ class EagleProposer:
             self._step_generators = self._step_temperature = None
         # The engine drafts for all its active rows every step, so the bound covers every row that lags.
         look_back = getattr(self.dispatcher, "look_back_due", False)
-        self._timed = int(rows.numel())  # the step's batch size, for observe_step_time; 0: not a plain step's work
+        self._timed = int(rows.numel())  # the step's batch size, for observe_step_time (0: not to be timed)
         if (self._lag_bound or self._prompts) and (cfg.drafts or look_back or self._lag_bound >= self.max_lag):
             self._catch_up(rows, ids, look_back)
             self._timed = 0  # the catch-up is not what the chosen tree costs

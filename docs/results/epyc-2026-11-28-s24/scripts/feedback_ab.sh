@@ -4,7 +4,8 @@
 # greedy, 2 threads.
 #   bash feedback_ab.sh OUT BATCHES [FAULT]
 # METHODS (environment) replaces the methods, e.g. "vanilla,eagle:auto,feedback=off,eagle:auto" to swap the arms'
-# order within each group (bench runs the methods of a group in the order given).
+# order within each group (bench runs the methods of a group in the order given, reversed every other group);
+# TEMPS the temperatures (default 0); MT=1 runs MT-bench first turns (3 a category, 24) instead of Spec-Bench.
 # FAULT (any value): run on a copy of the cache directory whose calibration prices the batch-4 chain of 1 at 1.25
 # plain steps (the machine's own calibration read ~1.52): a calibration that errs, as one did in session 20.
 set -euo pipefail
@@ -31,6 +32,8 @@ for p in Path(sys.argv[1]).glob("*.json"):
 PY
     export EAGLESPEC_CACHE_DIR=$F
 fi
-"$E" bench --dataset "spec_bench=$D/spec_bench/question.jsonl" --limit-per-category 2 --max-turns 1 --ignore-eos \
-    --max-new-tokens 128 --threads 2 --seed 0 --batch-size "$BATCHES" --temperature 0 \
+DS=(--dataset "spec_bench=$D/spec_bench/question.jsonl" --limit-per-category 2)
+[ -n "${MT:-}" ] && DS=(--dataset "mt_bench=$D/mt_bench/question.jsonl" --limit-per-category 3)
+"$E" bench "${DS[@]}" --max-turns 1 --ignore-eos \
+    --max-new-tokens 128 --threads 2 --seed 0 --batch-size "$BATCHES" --temperature "${TEMPS:-0}" \
     --methods "${METHODS:-vanilla,eagle:auto,eagle:auto,feedback=off}" --out "$OUT/bench"
