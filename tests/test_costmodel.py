@@ -1388,8 +1388,8 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert f.factor(4, "chain1") == 1.0
     assert f.factor(1, "chain1") == 1.0 and f.factor(4, "none") == 1.0  # per batch size; plain is the reference
     assert f.factors(4) == {"chain1": 1.0} and f.drafted == 4
-    assert f.snapshot() == {"4:chain1:any": {"ratio": 1.3, "weight": 4.0, "factor": 1.0},
-                            "4:none:any": {"ratio": 1.2, "weight": 8.0, "factor": 1.0}}
+    assert f.snapshot() == [{"batch": 4, "tree": "chain1", "context": None, "ratio": 1.3, "weight": 4.0, "factor": 1.0},
+                            {"batch": 4, "tree": "none", "context": None, "ratio": 1.2, "weight": 8.0, "factor": 1.0}]
 
     bands = StepCostFeedback(decay=1.0)  # plain steps timed over long contexts only, where they ran cheap
     for _ in range(20):
@@ -1400,7 +1400,8 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
         bands.observe(1, "chain1", 0.0095, 0.010, context=1500)
     assert bands.factor(1, "chain1", 1500) == pytest.approx(0.95 / 0.82)  # compared within its band
     assert bands.factors(1, 200) == {"chain1": 1.0} and bands.factors(1, 1400) == {"chain1": pytest.approx(0.95 / 0.82)}
-    assert set(bands.snapshot()) == {"1:none:1280-1536", "1:chain1:0-256", "1:chain1:1280-1536"}
+    assert [(e["tree"], e["context"]) for e in bands.snapshot()] == [("chain1", [0, 256]), ("chain1", [1280, 1536]),
+                                                                      ("none", [1280, 1536])]
 
     fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price
     for _ in range(10):

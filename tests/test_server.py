@@ -500,3 +500,24 @@ def test_engine_failure_fails_its_requests_and_the_server_goes_on(small_server):
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     assert complete(client(url, "sekrit"), PROMPTS[3], max_tokens=3)[2].completion_tokens >= 1
     assert metrics(url, **auth)[("eaglespec_requests_finished_total", (("finish_reason", "error"),))] == 2
+
+
+def test_feedback_metrics_keep_tree_labels_that_contain_colons():
+    """The dynamic tree's label holds a colon ("dynamic5x4:16"): its gauges carry it whole, with its batch size and
+    context band (a key joined with colons and split again broke on it)."""
+    from prometheus_client import generate_latest
+
+    from eaglespec.serve.scheduler import ServerMetrics
+    from eaglespec.spec.costmodel import StepCostFeedback
+
+    fb = StepCostFeedback(decay=1.0, min_weight=1)
+    fb.observe(4, "dynamic5x4:16", 0.030, 0.020, context=300)
+    fb.observe(4, "none", 0.010, 0.010, context=300)
+    m = ServerMetrics()
+    m.on_feedback(fb)
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(generate_latest(m.registry).decode()) for s in fam.samples}
+    key = (("batch", "4"), ("context", "256-512"), ("tree", "dynamic5x4:16"))
+    assert got[("eaglespec_spec_cost_ratio", key)] == 1.5 and got[("eaglespec_spec_cost_factor", key)] == 1.5
+    assert got[("eaglespec_spec_cost_ratio", (("batch", "4"), ("context", "256-512"), ("tree", "none")))] == 1.0
+    assert not any(k[0] == "eaglespec_spec_cost_factor" and ("tree", "none") in k[1] for k in got)

@@ -150,11 +150,11 @@ class ServerMetrics:
 
     def on_feedback(self, feedback) -> None:
         """The state of the speculative engine's step-cost feedback (``costmodel.StepCostFeedback``)."""
-        for key, v in feedback.snapshot().items():
-            batch, tree, band = key.split(":")
-            self.cost_ratio.labels(batch, tree, band).set(v["ratio"])
-            if tree != "none":
-                self.cost_factor.labels(batch, tree, band).set(v["factor"])
+        for e in feedback.snapshot():
+            labels = (str(e["batch"]), e["tree"], "any" if e["context"] is None else "%d-%d" % tuple(e["context"]))
+            self.cost_ratio.labels(*labels).set(e["ratio"])
+            if e["tree"] != "none":
+                self.cost_factor.labels(*labels).set(e["factor"])
 
 
 class Scheduler:

@@ -407,16 +407,19 @@ class StepCostFeedback:
 
     def factors(self, batch: int, context: float | None = None) -> dict[str, float]:
         """label -> its ``factor`` at this context, for every shape timed at this batch size (in any band)."""
-        return {label: self.factor(batch, label, context) for b, label, _ in self.ratios if b == batch and label != PLAIN}
+        labels = {label for b, label, _ in self.ratios if b == batch and label != PLAIN}
+        return {label: self.factor(batch, label, context) for label in labels}
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        """"BATCH:LABEL:FROM-TO" (the band's context tokens; "any" where unknown) -> the decayed mean ratio, its
-        weight in steps and the factor it sets in that band (records)."""
-        out = {}
+    def snapshot(self) -> list[dict]:
+        """One entry per (batch size, tree, band) timed: ``batch``, ``tree`` (the label; ``none`` = plain steps),
+        ``context`` ([first, last + 1) tokens of the band; None where unknown), the decayed mean ``ratio``, its
+        ``weight`` in steps and the ``factor`` it sets in that band (bench records, the server's metrics). Fields,
+        not a joined key: tree labels contain colons ("dynamic5x4:16")."""
+        out = []
         for (b, label, k), (s, w) in sorted(self.ratios.items()):
             if w > 0:
-                band = "any" if k < 0 else f"{k * self.band}-{(k + 1) * self.band}"
                 ctx = None if k < 0 else k * self.band
-                out[f"{b}:{label}:{band}"] = {"ratio": round(s / w, 4), "weight": round(w, 2),
-                                              "factor": round(self.factor(b, label, ctx), 4)}
+                out.append({"batch": b, "tree": label, "context": None if k < 0 else [ctx, ctx + self.band],
+                            "ratio": round(s / w, 4), "weight": round(w, 2),
+                            "factor": round(self.factor(b, label, ctx), 4)})
         return out
