@@ -3,23 +3,17 @@
 # machine's own calibration, the default `--tree auto`. Prints the ratios by label and by the step's place (the
 # first step of a label after another label, or a later one), and writes every step to OUT.jsonl.
 # Usage: feedback_trace.py SPEC_BENCH_JSONL OUT.jsonl
-import json, statistics, sys
+import json, os, statistics, sys
 from collections import defaultdict
 
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
+from common import setup
 from eaglespec.config import GenerationConfig
-from eaglespec.datasets import encode_messages, load_questions
-from eaglespec.engine.calibrate import build_calibrated_proposer
 from eaglespec.engine.generate import Engine, Request
-from eaglespec.runtime.loading import load_target
-from eaglespec.spec.speculative import DraftOptions
 
-torch.set_num_threads(2)
-t = load_target(None)
-prompts = [encode_messages(t.tokenizer, [{"role": "user", "content": q.turns[0]}])
-           for q in load_questions(sys.argv[1], per_category=2)]
-proposer = build_calibrated_proposer(t, DraftOptions())
+t, prompts, proposer = setup(sys.argv[1], per_category=2, tune_allocator=False)
 d = proposer.dispatcher
 log = []
 orig = d.observe_step

@@ -2,24 +2,16 @@
 # turns (3 a category, 24) at batch 4, 128 tokens, T=0, timing the dispatcher's pick, the rest of propose() less
 # the catch-ups, the catch-ups (look-back probes), and commit() (the paused step's record), against the step's
 # forward. Usage: paused_split.py MT_BENCH_JSONL
-import collections, sys, time
+import collections, os, sys, time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
+from common import setup
 from eaglespec.config import GenerationConfig
-from eaglespec.datasets import encode_messages, load_questions
-from eaglespec.engine.calibrate import build_calibrated_proposer
 from eaglespec.engine.generate import Engine, Request
-from eaglespec.runtime import allocator
-from eaglespec.runtime.loading import load_target
-from eaglespec.spec.speculative import DraftOptions
 
-allocator.tune()
-torch.set_num_threads(2)
-t = load_target(None)
-prompts = [encode_messages(t.tokenizer, [{"role": "user", "content": q.turns[0]}])
-           for q in load_questions(sys.argv[1], per_category=3)]
-p = build_calibrated_proposer(t, DraftOptions())
+t, prompts, p = setup(sys.argv[1], per_category=3)
 d = p.dispatcher
 spent = collections.Counter()
 calls = collections.Counter()
