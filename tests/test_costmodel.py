@@ -503,9 +503,10 @@ def test_lazy_catch_up_drafts_what_encoding_every_paused_step_drafts(monkeypatch
 
 
 def test_a_catch_up_after_a_paused_request_left_reads_within_the_buffer(monkeypatch):
-    """Requests one after another in one row: the first pauses to its end (its recorded pairs leave with it,
-    the pause's bound stays), the next pauses for fewer steps and then drafts. The catch-up's span (the bound)
-    then exceeds what the buffer was grown for; it must still draft what encoding every step drafts."""
+    """Requests one after another in one row: the first pauses to its end (its recorded pairs leave with it),
+    the next pauses for fewer steps and then drafts. It must draft what encoding every step drafts, and its
+    catch-up encode its own pairs only (the bound of the paused steps dropped when the first request left: it
+    once stayed, and at batch 4 padded every row of a catch-up to 619 pairs where the rows had 111)."""
     import torch
 
     from eaglespec.spec import proposer as prop
@@ -525,11 +526,17 @@ def test_a_catch_up_after_a_paused_request_left_reads_within_the_buffer(monkeypa
             for p, n in zip(PROMPTS, (7, 20))]
     head = make_head(target, "eagle3")
     runs = []
+    encoded, bounds = [], []  # pairs a row of each catch-up forward; paused steps bounded before each step
     for max_lag in (0, 64):
         proposer = EagleProposer(head, Scripted(script), max_lag=max_lag)
         trees = []
         orig = proposer.propose
         proposer.propose = lambda *a, _o=orig, _t=trees, **k: _t.append(_o(*a, **k)) or _t[-1]
+        if max_lag:
+            enc = proposer._encode
+            proposer._encode = lambda rows, feats, *a, _e=enc: encoded.append(feats.shape[1]) or _e(rows, feats, *a)
+            proposer.propose = lambda *a, _o=proposer.propose, _p=proposer, **k: bounds.append(_p._lag_bound) or \
+                _o(*a, **k)
         with torch.inference_mode():
             engine = Engine(target, proposer, max_batch_size=1)
             done = [c.token_ids for c in engine.generate(reqs)]  # one row: one request after the other
@@ -537,6 +544,47 @@ def test_a_catch_up_after_a_paused_request_left_reads_within_the_buffer(monkeypa
     assert runs[0][0] == runs[1][0]
     assert len(runs[0][1]) == len(runs[1][1]) and all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
     assert sum(t.shape[1] > 1 for t in runs[1][1]) >= 5
+    # the bound left with the first request: the second's catch-up encodes its prompt and its own 5 pairs
+    assert encoded == [len(reqs[1].prompt_ids) + 5]
+    assert bounds[:12] == [0, 1, 2, 3, 4, 5] + [0, 1, 2, 3, 4, 5]  # the first request's 6 steps, the second's
+
+
+def test_a_catch_up_groups_its_rows_into_forwards_for_the_fewest_padded_pairs():
+    """``plan_catch_up`` against every partition of the rows (forwards padded to their longest row, a fixed cost
+    each): the optimum among sorted runs is the optimum; rows with nothing to encode are left out."""
+    import itertools
+    import random
+
+    from eaglespec.spec.proposer import plan_catch_up
+
+    def cost(groups, widths, fixed):
+        return sum(len(g) * max(widths[b] for b in g) + fixed for g in groups)
+
+    def partitions(items):
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for p in partitions(rest):
+            yield [[first], *p]
+            for i in range(len(p)):
+                yield [*p[:i], [first, *p[i]], *p[i + 1:]]
+
+    assert plan_catch_up([249, 418, 70, 89], fixed=16) == [[2], [3], [0], [1]]  # the batch of the docstring
+    assert plan_catch_up([249, 418, 70, 89], fixed=32) == [[2, 3], [0], [1]]
+    assert plan_catch_up([40, 40, 40], fixed=16) == [[0, 1, 2]]
+    assert plan_catch_up([0, 5, 0], fixed=16) == [[1]] and plan_catch_up([0, 0]) == []
+    assert plan_catch_up([10, 400], fixed=1000) == [[0, 1]]  # a dear forward: one padded forward
+    rng = random.Random(0)
+    for _ in range(200):
+        widths = [rng.choice([0, rng.randint(1, 30), rng.randint(1, 500)]) for _ in range(rng.randint(1, 6))]
+        fixed = rng.choice([0, 16, 100])
+        groups = plan_catch_up(widths, fixed)
+        assert sorted(itertools.chain(*groups)) == [b for b, w in enumerate(widths) if w > 0]
+        assert all(g == sorted(g) for g in groups)
+        best = min((cost(p, widths, fixed) for p in partitions([b for b, w in enumerate(widths) if w > 0])),
+                   default=0)
+        assert cost(groups, widths, fixed) == best
 
 
 def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
@@ -1314,6 +1362,59 @@ def test_a_paused_dispatcher_does_not_probe_where_too_few_tokens_are_left_to_rep
     assert probes(lambda step: (enough - 1, enough - 1))[0] == []  # none of them is worth its catch-up
     assert probes(lambda step: (27 + enough - 1 - step,) * 2)[0] == [3, 11]  # the third comes too late
     assert 10 < enough < 100  # the rows of 128-token requests probe, but not in their last tokens
+
+
+def test_a_timed_catch_up_prices_the_next_probes_at_the_pairs_they_would_encode():
+    """Until a catch-up was timed a probe costs ``PROBE_COST_STEPS``; after one, the pairs the proposer says its
+    catch-up would encode, at the timed seconds a pair (decayed over timings), against a plain step at this
+    batch size and context: a probe that would encode more than a resume could win back is skipped."""
+    from eaglespec.spec import dispatch
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = flat_costs(per_token=0.004, batches=(1, 4))
+    plain = costs.verify_cost(2, 1)
+
+    def dispatcher():
+        d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.3, 0.3), weight=1e6),
+                               repick_every=1, probe_every=4, max_probe_every=4, batched_margin=1.02,
+                               batched_probe_optimism=1.5)
+        d.start_row(0)
+        d.start_row(1)
+        return d
+
+    d = dispatcher()
+    assert d.probe_cost(2, [0, 1], lambda: 1000) == dispatch.PROBE_COST_STEPS  # nothing timed yet
+    d.observe_catch_up(500, 500 * 0.0002)  # 0.2 ms a pair
+    assert d.probe_cost(2, [0, 1], lambda: 1000) == pytest.approx(1000 * 0.0002 / plain)
+    assert d.probe_cost(2, [0, 1], None) == dispatch.PROBE_COST_STEPS  # no count: the constant
+    d.observe_catch_up(100, 100 * 0.0006)  # the earlier timing weighs 0.75
+    assert d.probe_cost(2, [0, 1], lambda: 10) == pytest.approx(
+        10 * (0.75 * 0.1 + 0.06) / (0.75 * 500 + 100) / plain)
+    d.observe_catch_up(0, 1.0)  # nothing encoded: no price
+    assert d.probe_cost(2, [0, 1], lambda: 10) == pytest.approx(
+        10 * (0.75 * 0.1 + 0.06) / (0.75 * 500 + 100) / plain)
+
+    def probes(pairs, budget=64):
+        d = dispatcher()
+        d.observe_catch_up(1000, 1000 * 0.0002)
+        asked = []
+        at = []
+        for step in range(20):
+            assert not d.pick(2, [0, 1], look_back=True, budget=(budget, budget),
+                              catch_up=lambda: asked.append(step) or pairs).drafts
+            if d.look_back_due:
+                at.append(step)
+                d.observe_look_back([0, 1], [2, 2], [8, 8])
+        return at, asked
+
+    hopeful = dispatcher()
+    speedup = dispatch.choose(costs, 2, hopeful._shapes, AcceptanceTracker(1.0, (0.45, 0.45), 1.0), 1.02,
+                              None).predicted_speedup
+    worth = 64 * (1 - 1 / speedup) * plain / 0.0002  # the most pairs a probe may encode and be repaid
+    cheap, asked = probes(int(worth * 0.9))
+    assert cheap == [3, 7, 11, 15, 19] and asked == cheap  # counted only when a probe is due
+    assert probes(int(worth * 1.1)) == ([], [3, 7, 11, 15, 19])  # skipped: the catch-up outweighs a resume
+    assert 1 < worth * 0.0002 / plain < 64
 
 
 def test_a_batch_of_several_requests_drafts_only_past_the_batched_margin():

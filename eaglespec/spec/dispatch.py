@@ -41,7 +41,7 @@ per-request acceptance (``costmodel.py`` has the formulas).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from eaglespec.spec.costmodel import PLAIN, AcceptanceTracker, Choice, CostTable, StepCostFeedback, choose, score
 from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, TreeStrategy
@@ -50,9 +50,13 @@ __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES"]
 
 
 CONTEXT_BUCKET = 64  # tokens of context growth after which a paused batch's choice is made again
-PROBE_COST_STEPS = 1.0  # what a probe costs, in plain steps: its catch-up encodes the prompt and every pair
-# recorded while paused (~35 us a pair and row, 100-200 pairs into a 128-token request, against a ~4 ms plain
-# step at batch 1 on the 2-core Xeon); a probe is skipped where a resume could not win that back (``pick``)
+PROBE_COST_STEPS = 1.0  # what a probe costs, in plain steps, until a catch-up was timed: its catch-up encodes
+# the prompt and every pair recorded while paused (~35 us a pair and row, 100-200 pairs into a 128-token request,
+# against a ~4 ms plain step at batch 1 on the 2-core Xeon); a probe is skipped where a resume could not win that
+# back (``pick``). Once a catch-up was timed (``observe_catch_up``), a probe is priced at the pairs its catch-up
+# would encode (the proposer's ``catch_up`` count) at the timed seconds a pair: at batch 4 on a 2-core EPYC a
+# first probe's catch-up (four prompts and their pairs) took 14-185 ms, 1-13 plain steps (session 25).
+CATCH_UP_DECAY = 0.75  # weight of the earlier catch-ups' seconds and pairs at each new timing
 
 BATCHED_MARGIN = 1.10
 """The predicted speedup a tree needs to be drafted in a batch of several requests (alone: ``margin``, 1.02). The
@@ -119,6 +123,7 @@ class AdaptiveDispatcher:
         self._explore = False  # the request alone in the batch has not been probed yet (``start_row``)
         self._context: float | None = None
         self.feedback = StepCostFeedback() if cost_feedback else None
+        self._catch_up_s = self._catch_up_pairs = 0.0  # decayed sums of timed catch-ups (``observe_catch_up``)
 
     def __repr__(self) -> str:
         return f"AdaptiveDispatcher(candidates={list(self.candidates)}, calibrated on {self.costs.fingerprint!r})"
@@ -184,6 +189,22 @@ class AdaptiveDispatcher:
             self.feedback.observe(batch_size, self.step.label, seconds, self.step.step_s / self.step.factor,
                                   self._context)
 
+    def observe_catch_up(self, pairs: float, seconds: float) -> None:
+        """A catch-up of the draft cache encoded ``pairs`` (padded, with each forward's fixed cost in pairs:
+        ``proposer.plan_catch_up``) in ``seconds``: the price of the next probes' catch-ups."""
+        if pairs > 0 and seconds >= 0:
+            self._catch_up_s = CATCH_UP_DECAY * self._catch_up_s + seconds
+            self._catch_up_pairs = CATCH_UP_DECAY * self._catch_up_pairs + pairs
+
+    def probe_cost(self, batch_size: int, rows: Sequence[int], catch_up: Callable[[], float] | None = None) -> float:
+        """What a probe costs now, in plain steps: its catch-up's pairs (``catch_up()``) at the timed price of
+        a pair against a plain step at this batch size and context; ``PROBE_COST_STEPS`` until a catch-up was
+        timed or without the count."""
+        if catch_up is None or not self._catch_up_pairs:
+            return PROBE_COST_STEPS
+        plain = self._costs(rows).verify_cost(batch_size, 1, self._context)
+        return catch_up() * (self._catch_up_s / self._catch_up_pairs) / plain if plain > 0 else PROBE_COST_STEPS
+
     # ----------------------------------------------------------------------------------------- choice
     def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
         ts = [self.rows[r] for r in rows if r in self.rows] or [self.pools[False]]
@@ -196,11 +217,13 @@ class AdaptiveDispatcher:
         return AcceptanceTracker(1.0, tuple(rates), 1.0, shape_tokens=shapes)
 
     def pick(self, batch_size: int, rows: Sequence[int] | None = None, context: float | None = None,
-             look_back: bool = False, budget: Sequence[int] | None = None) -> TreeStrategy:
+             look_back: bool = False, budget: Sequence[int] | None = None,
+             catch_up: Callable[[], float] | None = None) -> TreeStrategy:
         """context: the rows' mean committed length (None: priced at the calibration's context); look_back: the
         caller can score its head on the paused steps' pairs, so a due probe sets ``look_back_due`` and keeps
         the step plain instead of drafting; budget: the tokens each row may still generate (None: unknown), so
-        that a due probe is skipped where no row has enough left for a resume to repay it."""
+        that a due probe is skipped where no row has enough left for a resume to repay it; catch_up: counts the
+        pairs a catch-up of these rows would encode now (called only when a probe is due), to price it."""
         rows = rows if rows is not None else list(self.rows)
         self._context = context
         self.look_back_due = False
@@ -230,7 +253,7 @@ class AdaptiveDispatcher:
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
                 explore, self._explore = self._explore and look_back and len(rows) == 1, False
                 if explore and (not budget or max(budget) >= self.probe_every) \
-                        or self._probe_could_pay(batch_size, rows, budget):
+                        or self._probe_could_pay(batch_size, rows, budget, catch_up):
                     if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
                         self.look_back_due = self._probe_done = True
                         return cfg
@@ -257,10 +280,11 @@ class AdaptiveDispatcher:
         and tree steps both cost more than greedy ones), else the greedy one."""
         return self._sampled_costs if any(self._sampled.get(r, False) for r in rows) else self.costs
 
-    def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None) -> bool:
+    def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None,
+                         catch_up: Callable[[], float] | None = None) -> bool:
         """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now
         (``batched_probe_optimism`` with several rows; at every depth, at most 1), and by enough, over the most
-        tokens a row has left (``budget``), to win back what the probe costs (``PROBE_COST_STEPS`` plain steps):
+        tokens a row has left (``budget``), to win back what the probe costs (``probe_cost`` plain steps):
         a probe costs a catch-up over every pair recorded while paused (1-2% of the paused steps at batch 4 on a
         2-core Xeon), which is wasted where no
         plausible recovery makes a tree pay (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and
@@ -274,7 +298,8 @@ class AdaptiveDispatcher:
                       self._factors(batch_size))
         if best.label == PLAIN:
             return False
-        return not budget or max(budget) * (1.0 - 1.0 / best.predicted_speedup) >= PROBE_COST_STEPS
+        return not budget or max(budget) * (1.0 - 1.0 / best.predicted_speedup) >= self.probe_cost(
+            batch_size, rows, catch_up)
 
     def _probe_step(self, batch_size: int, rows: Sequence[int]) -> TreeStrategy:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""

@@ -33,6 +33,7 @@ estimate from the drawn bonus x ~ p is min(1, q(x) / p(x)): paused steps record 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -52,8 +53,33 @@ from eaglespec.spec.tree import DraftTree, expand_static
 Alignment = Literal["stable", "last"]
 
 LAG_CHUNK = 64  # recorded pairs per row the paused buffer starts with (it doubles up to max_lag)
+CATCH_UP_FORWARD_PAIRS = 16  # a head forward's fixed cost in encoded pairs: a catch-up forward of B rows and T
+# pairs took ~0.5 ms + 47 us a pair at batch 4 on a 2-core EPYC (session 25), so that rows whose waiting pairs
+# differ a lot (a 400-token prompt beside a 50-token one) are cheaper in forwards of their own (``plan_catch_up``)
 LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest ones): ~1 ms of draft logits at
 # batch 1 on a 2-core Xeon, where each step of a probe that drafts costs 1.4-1.6 plain steps (~10 ms each)
+
+
+def plan_catch_up(widths: Sequence[int], fixed: int = CATCH_UP_FORWARD_PAIRS) -> list[list[int]]:
+    """Group the rows of a catch-up (``widths``: the pairs each encodes; rows with none are left out) into head
+    forwards, each padded to its longest row, for the fewest padded pairs plus ``fixed`` a forward: rows sorted
+    by width, cut into runs by dynamic programming (exact for that cost, since an optimal grouping never puts a
+    row between two others of another forward). Returns lists of indices into ``widths`` (in index order within
+    a forward), the forward of the shortest rows first.
+    A paused batch of 4 whose prompts were 233, 402, 54 and 73 tokens padded them all to the longest: 4 x 418
+    pairs with 16 recorded pairs each, against 826 in a forward a row."""
+    order = sorted((b for b, w in enumerate(widths) if w > 0), key=lambda b: widths[b])
+    best, cut = [0] + [None] * len(order), [0] * (len(order) + 1)  # best[j]: the cost of the first j rows
+    for j in range(1, len(order) + 1):
+        for i in range(j):
+            c = best[i] + (j - i) * widths[order[j - 1]] + fixed
+            if best[j] is None or c < best[j]:
+                best[j], cut[j] = c, i
+    groups, j = [], len(order)
+    while j:
+        groups.append(sorted(order[cut[j]:j]))
+        j = cut[j]
+    return groups[::-1]
 
 
 def _row_block(host: HostRows | None) -> slice | None:
@@ -183,6 +209,9 @@ class EagleProposer:
             self._row_temperature.pop(r, None)
             if hasattr(self.dispatcher, "end_row"):
                 self.dispatcher.end_row(r)
+        if self._lag_host is not None:  # the bound of the rows that stay (else it grows over every request
+            # that ever paused, and the next catch-up pads every row to it: 619 pairs a row, seen at batch 4)
+            self._lag_bound = max(self._lag_host.values(), default=0)
 
     def prefill(self, rows: Tensor, tokens: Tensor, lengths: Tensor, out, pending: Tensor,
                 seeds: list[int] | None = None, temperatures: list[float] | None = None) -> None:
@@ -234,7 +263,8 @@ class EagleProposer:
         if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
-            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=self.max_lag > 0, budget=budget)
+            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=self.max_lag > 0, budget=budget,
+                                       catch_up=lambda: self.catch_up_pairs(ids))
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
@@ -438,51 +468,74 @@ class EagleProposer:
         self._lag_n[r0:r0 + B] += T
         run.clear()
 
+    def catch_up_pairs(self, row_ids: Sequence[int]) -> int:
+        """What a catch-up of these rows would encode now, in pairs: each of its head forwards' rows times
+        its longest row, plus CATCH_UP_FORWARD_PAIRS a forward (``plan_catch_up``); 0 when nothing waits."""
+        if not (self._lag_bound or self._prompts):
+            return 0
+        widths = self._catch_up_widths(row_ids)
+        return sum(len(g) * max(widths[b] for b in g) + CATCH_UP_FORWARD_PAIRS for g in plan_catch_up(widths))
+
+    def _catch_up_widths(self, ids: Sequence[int]) -> list[int]:
+        """Pairs each row's catch-up encodes: its waiting prompt's, then its recorded ones (the host's count;
+        the bound over all rows when only the device knows them)."""
+        lag = self._lag_host
+        return [(self._prompts[r][1].shape[0] if r in self._prompts else 0)
+                + (lag.get(r, 0) if lag is not None else self._lag_bound) for r in ids]
+
     def _catch_up(self, rows: Tensor, row_ids: Sequence[int] | None = None, look_back: bool = False) -> None:
         """Encode every row's waiting pairs: its prompt's if they wait, then its recorded paused pairs, pair j of
-        a row at its draft length + j (= the position of its feature). One head forward for the rows whose
-        prompt waited (their draft cache is empty) and one for the others; rows with fewer pairs than the
-        longest are padded (slots written past their length are never attended and get overwritten).
+        a row at its draft length + j (= the position of its feature). Rows go through the head in the forwards
+        ``plan_catch_up`` groups them into, each padded to its longest row (slots written past a row's length
+        are never attended and get overwritten). The forwards are timed for the dispatcher's price of a probe
+        (``observe_catch_up``).
         row_ids: ``rows`` on the host, when the caller has them. look_back: also score the head on the
         recorded pairs and hand the counts to the dispatcher (``_look_back``)."""
+        start = time.perf_counter()
         self._flush_lag_run()
-        T = self._lag_bound
-        if T:  # the bound may exceed every row's lag (rows that lagged longest have left): read zeros past them
-            self._lag_room(T)
         ids = list(row_ids) if row_ids is not None else rows.tolist()
+        widths = self._catch_up_widths(ids)
+        lags = [w - (self._prompts[r][1].shape[0] if r in self._prompts else 0) for r, w in zip(ids, widths)]
+        if max(lags, default=0):  # the bound may exceed every row's lag (rows that lagged longest have left)
+            self._lag_room(max(lags))
         scored: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (rows, outputs, first recorded pair, pairs)
-        fresh = [b for b, r in enumerate(ids) if r in self._prompts]
-        if fresh:
-            prompts = [self._prompts.pop(ids[b]) for b in fresh]
-            sel = rows[fresh]
-            sizes = [t.shape[0] for _, t in prompts]
-            f0, t0 = prompts[0]
-            feats = f0.new_zeros(len(fresh), max(sizes) + T, f0.shape[-1])  # [B', P + T, F]
-            toks = t0.new_zeros(len(fresh), max(sizes) + T)  # [B', P + T]
-            for b, ((f, t), k) in enumerate(zip(prompts, sizes)):
-                feats[b, :k], toks[b, :k] = f, t
-                if T:
-                    r = ids[fresh[b]]
-                    feats[b, k:k + T], toks[b, k:k + T] = self._lag_feat[r, :T], self._lag_tok[r, :T]
+        groups = plan_catch_up(widths)
+        for g in groups:
+            W = max(widths[b] for b in g)
+            sel = rows if g == list(range(len(ids))) else rows[torch.tensor(g, device=rows.device)]  # [B']
+            prompts = [self._prompts.pop(ids[b], None) for b in g]
+            if all(pr is None for pr in prompts):  # recorded pairs only: one gather
+                feats, toks = self._lag_feat[sel, :W], self._lag_tok[sel, :W]  # [B', W, F], [B', W]
+                first = torch.zeros_like(sel)
+            else:
+                sizes = [0 if pr is None else pr[1].shape[0] for pr in prompts]
+                f0, t0 = next(pr for pr in prompts if pr is not None)
+                feats = f0.new_zeros(len(g), W, f0.shape[-1])  # [B', W, F]
+                toks = t0.new_zeros(len(g), W)  # [B', W]
+                for i, (b, pr, k) in enumerate(zip(g, prompts, sizes)):
+                    if pr is not None:
+                        feats[i, :k], toks[i, :k] = pr
+                    if lags[b]:
+                        r = ids[b]
+                        feats[i, k:k + lags[b]] = self._lag_feat[r, :lags[b]]
+                        toks[i, k:k + lags[b]] = self._lag_tok[r, :lags[b]]
+                first = torch.tensor(sizes, device=sel.device)
             o = self._encode(sel, feats, toks, self._prompt_n[sel] + self._lag_n[sel])
-            if look_back and T:
-                scored.append((sel, o, torch.tensor(sizes, device=sel.device), self._lag_n[sel].clone()))
+            if look_back:
+                scored.append((sel, o, first, self._lag_n[sel].clone()))
             self._prompt_n[sel] = 0
             self._lag_n[sel] = 0
-            taken = set(fresh)
-            rest = [b for b in range(len(ids)) if b not in taken]
-            rows = rows[rest]
-        if T and rows.numel():
-            o = self._encode(rows, self._lag_feat[rows, :T], self._lag_tok[rows, :T], self._lag_n[rows])
-            if look_back:
-                scored.append((rows, o, torch.zeros_like(rows), self._lag_n[rows].clone()))
-            self._lag_n[rows] = 0
         self._lag_bound = 0
         if self._lag_host is not None:
             for r in ids:
                 self._lag_host.pop(r, None)
         if look_back:
             self._look_back(ids, scored)
+        if groups and hasattr(self.dispatcher, "observe_catch_up"):
+            if self.last_h.is_cuda:  # the forwards' own time, not their launch
+                torch.cuda.synchronize(self.last_h.device)
+            pairs = sum(len(g) * max(widths[b] for b in g) + CATCH_UP_FORWARD_PAIRS for g in groups)
+            self.dispatcher.observe_catch_up(pairs, time.perf_counter() - start)
 
     def _look_back(self, ids: Sequence[int], scored: Sequence[tuple[Tensor, Tensor, Tensor, Tensor]]
                    ) -> None:
