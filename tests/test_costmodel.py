@@ -555,10 +555,12 @@ def test_a_catch_up_groups_its_rows_into_forwards_for_the_fewest_padded_pairs():
     import itertools
     import random
 
-    from eaglespec.spec.proposer import plan_catch_up
+    from eaglespec.spec.proposer import catch_up_cost, plan_catch_up
 
     def cost(groups, widths, fixed):
         return sum(len(g) * max(widths[b] for b in g) + fixed for g in groups)
+
+    assert catch_up_cost([[2], [0, 1]], [5, 7, 3], fixed=16) == 3 + 16 + 2 * 7 + 16
 
     def partitions(items):
         if not items:

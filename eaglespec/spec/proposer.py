@@ -82,6 +82,11 @@ def plan_catch_up(widths: Sequence[int], fixed: int = CATCH_UP_FORWARD_PAIRS) ->
     return groups[::-1]
 
 
+def catch_up_cost(groups: Sequence[Sequence[int]], widths: Sequence[int], fixed: int = CATCH_UP_FORWARD_PAIRS) -> int:
+    """The pairs the forwards of ``plan_catch_up`` encode, padding included, plus ``fixed`` a forward."""
+    return sum(len(g) * max(widths[b] for b in g) + fixed for g in groups)
+
+
 def _row_block(host: HostRows | None) -> slice | None:
     """The rows of ``host`` as a slice of the per-row buffers when they are contiguous (reads and writes through
     views instead of gathers and index writes), else None (no host rows, or scattered ones)."""
@@ -474,7 +479,7 @@ class EagleProposer:
         if not (self._lag_bound or self._prompts):
             return 0
         widths = self._catch_up_widths(row_ids)
-        return sum(len(g) * max(widths[b] for b in g) + CATCH_UP_FORWARD_PAIRS for g in plan_catch_up(widths))
+        return catch_up_cost(plan_catch_up(widths), widths)
 
     def _catch_up_widths(self, ids: Sequence[int]) -> list[int]:
         """Pairs each row's catch-up encodes: its waiting prompt's, then its recorded ones (the host's count;
@@ -534,8 +539,7 @@ class EagleProposer:
         if groups and hasattr(self.dispatcher, "observe_catch_up"):
             if self.last_h.is_cuda:  # the forwards' own time, not their launch
                 torch.cuda.synchronize(self.last_h.device)
-            pairs = sum(len(g) * max(widths[b] for b in g) + CATCH_UP_FORWARD_PAIRS for g in groups)
-            self.dispatcher.observe_catch_up(pairs, time.perf_counter() - start)
+            self.dispatcher.observe_catch_up(catch_up_cost(groups, widths), time.perf_counter() - start)
 
     def _look_back(self, ids: Sequence[int], scored: Sequence[tuple[Tensor, Tensor, Tensor, Tensor]]
                    ) -> None:
