@@ -44,7 +44,7 @@ def test_engine_overhead_is_paid_by_every_step_and_can_flip_the_choice():
     assert engine.verify_cost(1, 1) == pytest.approx(0.013) and engine.verify_cost(1, 3) == pytest.approx(0.0165)
     assert predicted_speedup(bare, 1, "chain1", 2, 1.3) == pytest.approx(1.3 * 10 / 13)
     assert predicted_speedup(engine, 1, "chain1", 2, 1.3) == pytest.approx(1.3 * 13 / 16)
-    tracker = AcceptanceTracker(kept=0.0)  # the measured rate alone (no prior kept)
+    tracker = AcceptanceTracker()
     for i in range(100):
         tracker.update_chain(1, int((i + 1) * 0.3) - int(i * 0.3))  # accepted 3 of every 10, spread evenly
     assert tracker.rates()[0] == pytest.approx(0.30, abs=0.02)
@@ -201,7 +201,7 @@ def test_tracker_counts_the_first_miss_and_decays():
     t.update_chain(4, 2)  # depths 1, 2 accepted, 3 tried and missed, 4 not tried
     t.update_chain(4, 0)  # depth 1 missed
     assert t.rates()[:3] == [0.5, 1.0, 0.0] and len(t.tries) == 3
-    d = AcceptanceTracker(decay=0.5, prior=(1.0,), weight=1.0, kept=0.0)  # the whole prior ages
+    d = AcceptanceTracker(decay=0.5, prior=(1.0,), weight=1.0)
     d.update_chain(1, 0)
     assert d.rates()[0] == pytest.approx(0.5 / 1.5)  # prior weight halved, one miss added
     d.update_shape("dyn", 3.0)
@@ -1270,8 +1270,8 @@ def test_a_sampled_look_back_probe_scores_the_chances_a_sampled_chain_would_have
 
 
 def test_a_look_back_weighs_as_many_verifications_of_depth_one():
-    t = AcceptanceTracker(decay=0.9, prior=(0.5, 0.4), weight=10.0, kept=0.0)  # the whole prior ages
-    s = AcceptanceTracker(decay=0.9, prior=(0.5, 0.4), weight=10.0, kept=0.0)
+    t = AcceptanceTracker(decay=0.9, prior=(0.5, 0.4), weight=10.0)
+    s = AcceptanceTracker(decay=0.9, prior=(0.5, 0.4), weight=10.0)
     t.update_first(1, 4)
     for k in (0, 1, 0, 0):  # the same evidence one verification at a time (the order changes only the weights)
         s.update_chain(1, k)
@@ -1417,58 +1417,6 @@ def test_a_timed_catch_up_prices_the_next_probes_at_the_pairs_they_would_encode(
     assert cheap == [3, 7, 11, 15, 19] and asked == cheap  # counted only when a probe is due
     assert probes(int(worth * 1.1)) == ([], [3, 7, 11, 15, 19])  # skipped: the catch-up outweighs a resume
     assert 1 < worth * 0.0002 / plain < 64
-
-
-def test_a_depth_no_longer_tried_returns_to_its_prior_and_the_longer_chain_is_drafted_again():
-    """Every verification ages the evidence at every depth; the ``kept`` part of the prior does not age. A chain
-    of 2 whose second token missed a few times early loses to the chain of 1; while only the chain of 1 runs,
-    depth 2 returns to its prior and the chain of 2 is drafted again, and stays where it is accepted as often as
-    the prior says. Without the kept prior (kept=0) depth 2 keeps its early estimate and the chain of 2 never
-    returns."""
-    import random
-
-    from eaglespec.spec.dispatch import AdaptiveDispatcher
-
-    t = AcceptanceTracker(prior=(0.5, 0.4), weight=8)
-    for _ in range(3):
-        t.update_chain(2, 1)  # depth 1 accepted, depth 2 missed
-    low = t.rates()[1]
-    assert low < 0.3
-    for _ in range(200):
-        t.update_chain(1, 1)
-    assert t.rates()[1] == pytest.approx(0.4, abs=0.01) and t.rates()[0] > 0.9
-    frozen = AcceptanceTracker(prior=(0.5, 0.4), weight=8, kept=0.0)
-    for _ in range(3):
-        frozen.update_chain(2, 1)
-    missed = frozen.rates()[1]
-    assert missed < 0.3
-    for _ in range(200):
-        frozen.update_chain(1, 1)
-    assert frozen.rates()[1] == pytest.approx(missed)  # hits and tries aged alike: the estimate stays
-    with pytest.raises(ValueError, match="kept"):
-        AcceptanceTracker(kept=-1.0)
-
-    costs = flat_costs()  # batch 1: the chain of 2 beats the chain of 1 at a1 = 0.6 once a2 > ~0.33
-
-    def drafts_of_chain2(kept):
-        d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.6, 0.45), kept=kept),
-                               repick_every=1)
-        d.start_row(0)
-        rng, unlucky, late = random.Random(0), 6, 0
-        for step in range(600):
-            cfg = d.pick(1, [0])
-            first = rng.random() < 0.6
-            if cfg.label == "chain2":
-                second = unlucky == 0 and rng.random() < 0.5
-                unlucky -= first and unlucky > 0
-                d.observe([0], cfg, [0 if not first else 1 + second])
-                late += step >= 300
-            elif cfg.drafts:
-                d.observe([0], cfg, [int(first)])
-        return late
-
-    assert drafts_of_chain2(2.0) > 150  # back to the chain of 2, and kept there
-    assert drafts_of_chain2(0.0) == 0
 
 
 def test_a_batch_of_several_requests_drafts_only_past_the_batched_margin():

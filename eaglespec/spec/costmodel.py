@@ -198,14 +198,7 @@ class AcceptanceTracker:
     a head accepted 35-45% of the time at depth 1 stopped drafting, and the rare probes of a paused batch
     could not bring it back (simulated on the int4 costs: 0.92-0.95x the best fixed chain; with these
     defaults and probe runs of 4 steps 0.98-0.99x), while a collapse from 0.45 to 0.05 is still seen within
-    ~15 verifications.
-
-    ``kept`` of the prior's ``weight`` never decays: every verification ages the evidence at every depth, also at
-    the depths it did not try, so a depth that is no longer tried returns to its prior instead of keeping its
-    last estimate for good. Without it a longer chain that lost on a few early misses was never drafted again:
-    on MT-bench at batch 1 (greedy, 2-core EPYC, session 25) `--tree auto` drafted the chain of 1 in 1775 rounds
-    and the chain of 2 in 11, ran 1.12x against the chain of 2's 1.16x, where the chain of 2's own run accepted
-    0.46 of its second tokens (the depth-2 estimate frozen below the ~0.31 at which the chain of 2 wins)."""
+    ~15 verifications."""
 
     decay: float = 0.97
     prior: tuple[float, ...] = (0.5, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3)
@@ -213,23 +206,16 @@ class AcceptanceTracker:
     hits: list[float] = field(default_factory=list)
     tries: list[float] = field(default_factory=list)
     shape_tokens: dict[str, tuple[float, float]] = field(default_factory=dict)  # label -> (sum, weight)
-    kept: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {self.decay}")
-        if not self.kept >= 0.0:
-            raise ValueError(f"kept must be >= 0, got {self.kept}")
         if not self.hits:
-            aging = max(self.weight - self.kept, 0.0)  # the part of the prior's weight that decays
-            self.hits = [p * aging for p in self.prior]
-            self.tries = [aging] * len(self.prior)
+            self.hits = [p * self.weight for p in self.prior]
+            self.tries = [self.weight] * len(self.prior)
 
     def rates(self) -> list[float]:
-        """Per depth: (decayed hits + kept * prior) / (decayed tries + kept)."""
-        k, prior = self.kept, self.prior
-        return [(h + k * prior[i]) / (t + k) if i < len(prior) and t + k > 0 else (h / t if t > 0 else 0.0)
-                for i, (h, t) in enumerate(zip(self.hits, self.tries))]
+        return [h / t if t > 0 else 0.0 for h, t in zip(self.hits, self.tries)]
 
     def update_chain(self, drafted_depth: int, accepted: int) -> None:
         """One verified path: ``accepted`` of ``drafted_depth`` chain tokens were accepted (the first miss

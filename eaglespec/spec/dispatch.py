@@ -138,7 +138,7 @@ class AdaptiveDispatcher:
         (sampled: the request samples at T > 0)."""
         p = self.pools[sampled]
         self.rows[row] = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
-                                           shape_tokens=dict(p.shape_tokens), kept=p.kept)
+                                           shape_tokens=dict(p.shape_tokens))
         self._sampled[row] = sampled
         # Alone in the batch (every batch of 1), its own acceptance is all the batch's evidence and none of it is
         # known yet: the paused batch probes ``probe_every`` steps after it joined. The waits doubled over the
