@@ -55,7 +55,7 @@ PROBE_COST_STEPS = 1.0  # what a probe costs, in plain steps, until a catch-up w
 # against a ~4 ms plain step at batch 1 on the 2-core Xeon); a probe is skipped where a resume could not win that
 # back (``pick``). Once a catch-up was timed (``observe_catch_up``), a probe is priced at the pairs its catch-up
 # would encode (the proposer's ``catch_up`` count) at the timed seconds a pair: at batch 4 on a 2-core EPYC a
-# first probe's catch-up (four prompts and their pairs) took 14-185 ms, 1-13 plain steps (session 25).
+# first probe's catch-up (four prompts and their pairs, 1206 pairs) took 47-73 ms, 4-6 plain steps (session 25).
 CATCH_UP_DECAY = 0.75  # weight of the earlier catch-ups' seconds and pairs at each new timing
 
 BATCHED_MARGIN = 1.10

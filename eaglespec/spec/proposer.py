@@ -16,10 +16,11 @@ bonus token b, the new committed pairs are (f_root, a_1), (f_a1, a_2), ..., (f_a
 
 Paused drafting (the ``NoDraft`` strategy, label ``none``: the dispatcher found that no tree pays) is lazy: a
 plain step commits one pair (f_root, bonus) per row, which is only recorded (feature and token, in a buffer of
-``max_lag`` pairs per row); the draft cache catches up in ONE batched head forward over the recorded pairs
-when drafting resumes (or a probe drafts or looks back, or the buffer is full). A paused step therefore costs
-the target forward alone, and the catch-up computes exactly what encoding the pairs one step at a time would
-have (same pairs, same positions, causal attention), in one forward instead of one per step. The prompt's
+``max_lag`` pairs per row); the draft cache catches up in one batched head forward over the recorded pairs (or a
+few, rows grouped by how many pairs wait: ``plan_catch_up``) when drafting resumes (or a probe drafts or looks
+back, or the buffer is full). A paused step therefore costs the target forward alone, and the catch-up computes
+exactly what encoding the pairs one step at a time would have (same pairs, same positions, causal attention), in
+one forward instead of one per step. The prompt's
 pairs are lazy too (with ``max_lag > 0``): ``prefill`` keeps them, and the first catch-up encodes them ahead of
 the row's recorded pairs, in the same forward; a request that never drafts never runs the head.
 
