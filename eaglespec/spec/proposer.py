@@ -54,9 +54,10 @@ from eaglespec.spec.tree import DraftTree, expand_static
 Alignment = Literal["stable", "last"]
 
 LAG_CHUNK = 64  # recorded pairs per row the paused buffer starts with (it doubles up to max_lag)
-CATCH_UP_FORWARD_PAIRS = 16  # a head forward's fixed cost in encoded pairs: a catch-up forward of B rows and T
-# pairs took ~0.5 ms + 47 us a pair at batch 4 on a 2-core EPYC (session 25), so that rows whose waiting pairs
-# differ a lot (a 400-token prompt beside a 50-token one) are cheaper in forwards of their own (``plan_catch_up``)
+CATCH_UP_FORWARD_PAIRS = 16  # a head forward's fixed cost in encoded pairs: a catch-up forward took ~0.6-0.9 ms
+# plus 25-39 us a pair on a 2-core EPYC (1 and 4 rows; docs/results/epyc-2026-11-28-s25/catch_up_forward.txt), so
+# that rows whose waiting pairs differ a lot (a 400-token prompt beside a 50-token one) are cheaper in forwards of
+# their own (``plan_catch_up``)
 LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest ones): ~1 ms of draft logits at
 # batch 1 on a 2-core Xeon, where each step of a probe that drafts costs 1.4-1.6 plain steps (~10 ms each)
 
