@@ -74,7 +74,7 @@ print(f"{passes} passes each, in turns: vanilla {[round(x, 2) for x in wall['van
       f"auto {[round(x, 2) for x in wall['auto']]} s")
 print(f"vanilla / auto per pass: {[round(a / b, 3) for a, b in zip(wall['vanilla'], wall['auto'])]}")
 print("auto's rounds by tree per pass:", [dict(r) for r in rounds])
-print("auto's catch-ups in the timed passes:")
+print("auto's catch-ups in its warm-up group and the timed passes (the total below: the timed passes'):")
 print("\n".join(log))
 print(f"auto's catch-ups: {spent['calls']} in {spent['catch_up'] * 1e3:.0f} ms, "
       f"{spent['catch_up'] / sum(wall['auto']) * 100:.2f}% of auto's time")
