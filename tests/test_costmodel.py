@@ -1395,6 +1395,9 @@ def test_a_timed_catch_up_prices_the_next_probes_at_the_pairs_they_would_encode(
     d.observe_catch_up(0, 1.0)  # nothing encoded: no price
     assert d.probe_cost(2, [0, 1], lambda: 10) == pytest.approx(
         10 * (0.75 * 0.1 + 0.06) / (0.75 * 500 + 100) / plain)
+    for pairs, seconds in ((-1, 0.1), (10, -0.1), (10, float("nan")), (float("inf"), 0.1)):
+        with pytest.raises(ValueError, match="catch-up"):
+            d.observe_catch_up(pairs, seconds)
 
     def probes(pairs, budget=64):
         d = dispatcher()

@@ -41,6 +41,7 @@ per-request acceptance (``costmodel.py`` has the formulas).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from eaglespec.spec.costmodel import PLAIN, AcceptanceTracker, Choice, CostTable, StepCostFeedback, choose, score
@@ -191,8 +192,12 @@ class AdaptiveDispatcher:
 
     def observe_catch_up(self, pairs: float, seconds: float) -> None:
         """A catch-up of the draft cache encoded ``pairs`` (padded, with each forward's fixed cost in pairs:
-        ``proposer.plan_catch_up``) in ``seconds``: the price of the next probes' catch-ups."""
-        if pairs > 0 and seconds >= 0:
+        ``proposer.plan_catch_up``) in ``seconds``: the price of the next probes' catch-ups (none encoded: no
+        price)."""
+        if not (pairs >= 0 and seconds >= 0 and math.isfinite(pairs) and math.isfinite(seconds)):
+            raise ValueError(f"a catch-up's pairs and seconds must be finite and >= 0, got {pairs} pairs in "
+                             f"{seconds} s")
+        if pairs > 0:
             self._catch_up_s = CATCH_UP_DECAY * self._catch_up_s + seconds
             self._catch_up_pairs = CATCH_UP_DECAY * self._catch_up_pairs + pairs
 

@@ -480,31 +480,32 @@ class EagleProposer:
         its longest row, plus CATCH_UP_FORWARD_PAIRS a forward (``plan_catch_up``); 0 when nothing waits."""
         if not (self._lag_bound or self._prompts):
             return 0
-        widths = self._catch_up_widths(row_ids)
+        widths = [p + n for p, n in zip(*self._waiting(row_ids))]
         return catch_up_cost(plan_catch_up(widths), widths)
 
-    def _catch_up_widths(self, ids: Sequence[int]) -> list[int]:
-        """Pairs each row's catch-up encodes: its waiting prompt's, then its recorded ones (the host's count;
+    def _waiting(self, ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Per row, the pairs a catch-up encodes: its waiting prompt's, and its recorded ones (the host's count;
         the bound over all rows when only the device knows them)."""
         lag = self._lag_host
-        return [(self._prompts[r][1].shape[0] if r in self._prompts else 0)
-                + (lag.get(r, 0) if lag is not None else self._lag_bound) for r in ids]
+        return ([self._prompts[r][1].shape[0] if r in self._prompts else 0 for r in ids],
+                [lag.get(r, 0) if lag is not None else self._lag_bound for r in ids])
 
     def _catch_up(self, rows: Tensor, row_ids: Sequence[int] | None = None, look_back: bool = False) -> None:
         """Encode every row's waiting pairs: its prompt's if they wait, then its recorded paused pairs, pair j of
         a row at its draft length + j (= the position of its feature). Rows go through the head in the forwards
         ``plan_catch_up`` groups them into, each padded to its longest row (slots written past a row's length
-        are never attended and get overwritten). The forwards are timed for the dispatcher's price of a probe
-        (``observe_catch_up``).
+        are never attended and get overwritten). The catch-up (with its look-back) is timed for the dispatcher's
+        price of a probe (``observe_catch_up``).
         row_ids: ``rows`` on the host, when the caller has them. look_back: also score the head on the
         recorded pairs and hand the counts to the dispatcher (``_look_back``)."""
         start = time.perf_counter()
         self._flush_lag_run()
         ids = list(row_ids) if row_ids is not None else rows.tolist()
-        widths = self._catch_up_widths(ids)
-        lags = [w - (self._prompts[r][1].shape[0] if r in self._prompts else 0) for r, w in zip(ids, widths)]
-        if max(lags, default=0):  # the bound may exceed every row's lag (rows that lagged longest have left)
-            self._lag_room(max(lags))
+        sizes, lags = self._waiting(ids)
+        widths = [p + n for p, n in zip(sizes, lags)]
+        longest = max(lags, default=0)
+        if longest:  # the bound may exceed every row's lag (rows that lagged longest have left)
+            self._lag_room(longest)
         scored: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (rows, outputs, first recorded pair, pairs)
         groups = plan_catch_up(widths)
         for g in groups:
@@ -515,18 +516,16 @@ class EagleProposer:
                 feats, toks = self._lag_feat[sel, :W], self._lag_tok[sel, :W]  # [B', W, F], [B', W]
                 first = torch.zeros_like(sel)
             else:
-                sizes = [0 if pr is None else pr[1].shape[0] for pr in prompts]
                 f0, t0 = next(pr for pr in prompts if pr is not None)
                 feats = f0.new_zeros(len(g), W, f0.shape[-1])  # [B', W, F]
                 toks = t0.new_zeros(len(g), W)  # [B', W]
-                for i, (b, pr, k) in enumerate(zip(g, prompts, sizes)):
+                for i, (b, pr) in enumerate(zip(g, prompts)):
+                    k, n = sizes[b], lags[b]
                     if pr is not None:
                         feats[i, :k], toks[i, :k] = pr
-                    if lags[b]:
-                        r = ids[b]
-                        feats[i, k:k + lags[b]] = self._lag_feat[r, :lags[b]]
-                        toks[i, k:k + lags[b]] = self._lag_tok[r, :lags[b]]
-                first = torch.tensor(sizes, device=sel.device)
+                    if n:
+                        feats[i, k:k + n], toks[i, k:k + n] = self._lag_feat[ids[b], :n], self._lag_tok[ids[b], :n]
+                first = torch.tensor([sizes[b] for b in g], device=sel.device)
             o = self._encode(sel, feats, toks, self._prompt_n[sel] + self._lag_n[sel])
             if look_back:
                 scored.append((sel, o, first, self._lag_n[sel].clone()))
