@@ -175,11 +175,11 @@ class EagleProposer:
         # None once one did not (the device counts are then the only ones)
         self._lag_host: dict[int, int] | None = {}
         # recorded steps not yet in the buffer (``_record_paused``): per step (feature [B, 1, F], bonus [B], its
-        # probability [B] or None for greedy steps) of the
-        # contiguous rows _lag_run_rows, all lagging alike, the first at slot _lag_run_start
+        # probability [B] or None for greedy steps) of the rows _lag_run_rows, the first step's pair of each at
+        # its slot in _lag_run_start
         self._lag_run: list[tuple[Tensor, Tensor, Tensor | None]] = []
         self._lag_run_rows: tuple[int, ...] = ()
-        self._lag_run_start = 0
+        self._lag_run_start: tuple[int, ...] = ()
         # row -> its prompt's pairs, not encoded yet (max_lag > 0): target features [P, F] and next tokens [P]
         self._prompts: dict[int, tuple[Tensor, Tensor]] = {}
         self._prompt_n: Tensor | None = None  # int64 [max_batch]: P of a row whose prompt waits, else 0
@@ -265,8 +265,6 @@ class EagleProposer:
         could not pay within them)."""
         self._host = host
         ids = list(host.rows) if host is not None else rows.tolist()
-        temps = [self._row_temperature.get(r, self.draft_temperature or 0.0) for r in ids]
-        sampling = any(t > 0 for t in temps)  # some row draws its children at a temperature
         if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
@@ -279,7 +277,9 @@ class EagleProposer:
         self.step_choice = getattr(self.dispatcher, "step", None)
         # Rows at T > 0 draw their children from their own generators (rows at 0 take the top-k in the same
         # step); a tree whose children cannot be sampled (dynamic) drafts top-k for every row.
-        if sampling and cfg.drafts and cfg.samples_children:
+        temps = [self._row_temperature.get(r, self.draft_temperature or 0.0) for r in ids] if cfg.drafts else ()
+        sampling = any(t > 0 for t in temps)  # some row draws its children at a temperature
+        if sampling and cfg.samples_children:
             # every row drawing at T > 0 has its sampler (prefill made it; a row never prefilled gets seed + row)
             self._step_generators = [(self._generators.get(r) or self._new_generator(r, None)) if t > 0 else None
                                      for r, t in zip(ids, temps)]
@@ -313,7 +313,7 @@ class EagleProposer:
         drafted pairs it kept, which only the device knows."""
         d = self._drafted
         host_k = n_accepted if n_accepted is not None else verdict.n_accepted.tolist()
-        if hasattr(self.dispatcher, "observe"):
+        if self._cfg.drafts and hasattr(self.dispatcher, "observe"):  # a plain step is no evidence of acceptance
             self.dispatcher.observe(list(d.host.rows) if d.host else rows.tolist(), self._cfg, host_k)
         if not self._cfg.drafts and self.max_lag > 0:
             self._record_paused(rows, verdict.bonus, getattr(verdict, "bonus_p", None), out)
@@ -406,32 +406,27 @@ class EagleProposer:
         catch-up instead of encoded (rows [B], bonus [B]; ``out`` over the one-node trees), with the probability
         the bonus was drawn with (bonus_p [B]; None: greedy, 1) for a look-back probe's sampled estimate.
 
-        A contiguous batch whose rows lag alike (every batch of 1) keeps the step's feature and bonus tensors as
-        they are, in a run written to the buffer in one copy when something reads it (``_flush_lag_run``): no
-        tensor op at all per paused step (the record ~49 -> ~12 us in the engine, 2-core Xeon). Other batches
-        write their slots now."""
+        While the steps come with host rows, the same rows step after step keep each step's feature and bonus
+        tensors as they are, in a run written to the buffer in one copy when something reads it
+        (``_flush_lag_run``): no tensor op at all per paused step, whatever each row's lag (rows that joined the
+        batch at other steps lag differently). A record of this kind took ~12 us in the engine where writing the
+        slots took ~49 (2-core Xeon); at batch 4 on a 2-core EPYC (rows of unequal lags wrote their slots then)
+        the paused step's proposer work was 1-2.4% of a step. Without host rows the slots are written now."""
         host, lag = self._host, self._lag_host
         if host is not None and lag is not None and host.rows:
-            slots = [lag.get(r, 0) for r in host.rows]  # each < max_lag: propose() caught up at the bound
-            if slots.count(slots[0]) == len(slots) and _row_block(host) is not None:
-                run = self._lag_run
-                if run and (self._lag_run_rows != host.rows or self._lag_run_start + len(run) != slots[0]):
-                    self._flush_lag_run()
-                if not run:
-                    self._lag_run_rows, self._lag_run_start = host.rows, slots[0]
-                run.append((self.head.target_feature(out), bonus, bonus_p))  # [B, 1, F], [B], [B]: this step's own
-                for r in host.rows:
-                    lag[r] = slots[0] + 1
-                self._lag_bound += 1
-                return
-            self._flush_lag_run()
-            for r, n in zip(host.rows, slots):
-                lag[r] = n + 1
-            slot = torch.tensor(slots, dtype=torch.long, device=bonus.device)  # [B]
-        else:
-            self._flush_lag_run()
-            self._lag_host = None  # a step without host rows: from now on only the device knows the lags
-            slot = self._lag_n.index_select(0, rows)  # [B] < max_lag: propose() caught up when the bound reached it
+            run = self._lag_run
+            if run and self._lag_run_rows != host.rows:
+                self._flush_lag_run()
+            if not run:  # each lag < max_lag: propose() caught up at the bound
+                self._lag_run_rows, self._lag_run_start = host.rows, tuple(lag.get(r, 0) for r in host.rows)
+            run.append((self.head.target_feature(out), bonus, bonus_p))  # [B, 1, F], [B], [B]: this step's own
+            for r in host.rows:
+                lag[r] = lag.get(r, 0) + 1
+            self._lag_bound += 1
+            return
+        self._flush_lag_run()
+        self._lag_host = None  # a step without host rows: from now on only the device knows the lags
+        slot = self._lag_n.index_select(0, rows)  # [B] < max_lag: propose() caught up when the bound reached it
         f = self.head.target_feature(out)[:, 0]  # [B, F]
         self._lag_room(self._lag_bound + 1)
         # Flat row-major positions and index_copy_: the same writes as feat[rows, slot] = f, without Python's
@@ -458,21 +453,29 @@ class EagleProposer:
         self._lag_feat, self._lag_tok, self._lag_p = feat, tok, prob
 
     def _flush_lag_run(self) -> None:
-        """Write the run of recorded steps (``_record_paused``) into the buffer: one copy for all its steps."""
+        """Write the run of recorded steps (``_record_paused``) into the buffer: one copy for all its steps when
+        its rows are contiguous and lag alike (every batch of 1), else one a row."""
         run = self._lag_run
         if not run:
             return
-        rows, n0, T = self._lag_run_rows, self._lag_run_start, len(run)
-        r0, B = rows[0], len(rows)
-        self._lag_room(n0 + T)
-        self._lag_feat[r0:r0 + B, n0:n0 + T] = torch.cat([f for f, _, _ in run], dim=1)  # [B, T, F]
-        self._lag_tok[r0:r0 + B, n0:n0 + T] = torch.stack([b for _, b, _ in run], dim=1)  # [B, T]
-        if all(p is None for _, _, p in run):  # greedy steps: drawn with probability 1
-            self._lag_p[r0:r0 + B, n0:n0 + T] = 1.0
+        rows, starts, T = self._lag_run_rows, self._lag_run_start, len(run)
+        self._lag_room(max(starts) + T)
+        feat = torch.cat([f for f, _, _ in run], dim=1)  # [B, T, F]
+        tok = torch.stack([b for _, b, _ in run], dim=1)  # [B, T]
+        prob = None if all(p is None for _, _, p in run) else torch.stack(  # [B, T]; None: greedy steps, drawn w.p. 1
+            [p.float() if p is not None else torch.ones_like(b, dtype=torch.float32) for _, b, p in run], dim=1)
+        r0, B, n0 = rows[0], len(rows), starts[0]
+        if rows == tuple(range(r0, r0 + B)) and starts.count(n0) == B:
+            self._lag_feat[r0:r0 + B, n0:n0 + T] = feat
+            self._lag_tok[r0:r0 + B, n0:n0 + T] = tok
+            self._lag_p[r0:r0 + B, n0:n0 + T] = 1.0 if prob is None else prob
+            self._lag_n[r0:r0 + B] += T
         else:
-            self._lag_p[r0:r0 + B, n0:n0 + T] = torch.stack(
-                [p.float() if p is not None else torch.ones_like(b, dtype=torch.float32) for _, b, p in run], dim=1)
-        self._lag_n[r0:r0 + B] += T
+            for b, (r, n) in enumerate(zip(rows, starts)):
+                self._lag_feat[r, n:n + T] = feat[b]
+                self._lag_tok[r, n:n + T] = tok[b]
+                self._lag_p[r, n:n + T] = 1.0 if prob is None else prob[b]
+            self._lag_n[torch.tensor(rows, device=self._lag_n.device)] += T
         run.clear()
 
     def catch_up_pairs(self, row_ids: Sequence[int]) -> int:

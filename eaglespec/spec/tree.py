@@ -46,6 +46,23 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------------
 
 
+_ROOT_FIELDS: dict[tuple[int, torch.device], tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+
+
+def _root_fields(batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """parents (-1), depth (0), valid (True) and draft_logp (0) of ``batch`` one-node trees, made once per batch
+    size and device and shared by every ``DraftTree.root_only`` (read-only: nothing writes a tree's fields).
+    Every plain step drafts one, and its four small tensors took ~10 us to make in isolation, several times that
+    between the target's forwards (cold caches), in vanilla and paused steps alike."""
+    key = (batch, device)
+    fields = _ROOT_FIELDS.get(key)
+    if fields is None:
+        zeros = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        fields = _ROOT_FIELDS[key] = (zeros - 1, zeros, torch.ones(batch, 1, dtype=torch.bool, device=device),
+                                      torch.zeros(batch, 1, dtype=torch.float32, device=device))
+    return fields
+
+
 @dataclass
 class DraftTree:
     """A batch of draft trees, one per row. Node 0 is the root (the row's pending token)."""
@@ -74,9 +91,8 @@ class DraftTree:
     def root_only(cls, tokens: Tensor) -> DraftTree:
         """The trivial tree of vanilla decoding: just the pending tokens, int64 [B] or [B, 1] -> N = 1."""
         tokens = tokens.reshape(-1, 1).to(torch.int64)  # [B, 1]
-        zeros = torch.zeros_like(tokens)
-        return cls(tokens=tokens, parents=zeros - 1, depth=zeros, valid=torch.ones_like(tokens, dtype=torch.bool),
-                   draft_logp=torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device), max_depth=0)
+        parents, depth, valid, logp = _root_fields(tokens.shape[0], tokens.device)
+        return cls(tokens=tokens, parents=parents, depth=depth, valid=valid, draft_logp=logp, max_depth=0)
 
     def select(self, rows: Tensor) -> DraftTree:
         """The sub-batch of the given rows (int64 [b] indices into the batch), same N."""
