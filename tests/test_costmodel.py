@@ -1444,6 +1444,45 @@ def test_a_batch_of_several_requests_drafts_only_past_the_batched_margin():
         AdaptiveDispatcher(costs, [Chain(1)], batched_margin=0.9)
 
 
+def test_a_request_alone_that_drafts_pauses_only_on_a_predicted_loss():
+    """Hysteresis at batch 1 (``KEEP_MARGIN``): the chain of 1 breaks even at depth-1 acceptance 0.3 here and
+    starts past 0.326 (margin 1.02); a drafting request whose acceptance falls keeps drafting down to 0.274 (a
+    predicted 2% loss), where without the keep margin it paused below 0.326. A paused request still needs the
+    full margin to resume, and a batch of several keeps its batched margin both ways."""
+    from eaglespec.spec import dispatch
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = CostTable({(b, n): 0.010 * (1.3 if n == 2 else 1.0) for b in (1, 4) for n in (1, 2)},
+                      {(b, "chain1"): 0.0 for b in (1, 4)})
+
+    def rate_at_pause(batch=1, **kw):
+        """Depth-1 acceptance at which a request drafting from 0.5 pauses as misses come in."""
+        rows = list(range(batch))
+        d = AdaptiveDispatcher(costs, [Chain(1)], prior=AcceptanceTracker(prior=(0.5,), weight=8), repick_every=1,
+                               probe_every=1000, max_probe_every=1000, batched_margin=1.02, **kw)
+        for r in rows:
+            d.start_row(r)
+        assert d.pick(batch, rows).label == "chain1"
+        for _ in range(200):
+            d.observe(rows, Chain(1), [0] * batch)
+            if d.pick(batch, rows).label == "none":
+                return d, d._batch_tracker(rows).rates()[0]
+        raise AssertionError("never paused")
+
+    assert dispatch.KEEP_MARGIN == 0.98
+    d, kept = rate_at_pause()
+    _, plain = rate_at_pause(keep_margin=None)
+    assert 0.26 < kept < 0.274 < 0.31 < plain < 0.326
+    assert rate_at_pause(4)[1] == pytest.approx(plain)  # a batch of 4: no hysteresis
+    # paused at 0.27: a look-back at 0.31 (between the thresholds) leaves it paused, one at 0.5 resumes it
+    d.observe_look_back([0], [0.31 * 32], [32])
+    assert 0.28 < d._batch_tracker([0]).rates()[0] < 0.326 and d.pick(1, [0]).label == "none"
+    d.observe_look_back([0], [0.5 * 32], [32])
+    assert d.pick(1, [0]).label == "chain1"
+    with pytest.raises(ValueError, match="keep_margin"):
+        AdaptiveDispatcher(costs, [Chain(1)], keep_margin=1.05)
+
+
 def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain_step(monkeypatch):
     """Tree steps are timed at the smallest and largest batch sizes and at 4; between them, a tree's step is
     priced at the interpolated ratio to a plain step, so a stalled verify(2, 2) does not make it dearer (until

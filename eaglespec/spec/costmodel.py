@@ -316,17 +316,31 @@ def score(costs: CostTable, batch: int, label: str, nodes: int, depth: int, trac
 
 
 def choose(costs: CostTable, batch: int, candidates: Mapping[str, tuple[int, int]], tracker: AcceptanceTracker,
-           margin: float = 1.0, context: float | None = None, factors: Mapping[str, float] | None = None) -> Choice:
+           margin: float = 1.0, context: float | None = None, factors: Mapping[str, float] | None = None,
+           drafting: bool = False, keep_margin: float | None = None) -> Choice:
     """The candidate (label -> (nodes, depth)) with the best predicted speedup at mean context ``context``;
     ``none`` unless something beats 1 by ``margin`` (e.g. 1.02 to ignore gains within noise). ``factors``:
-    per label, the step-cost feedback's correction of its price (missing: 1)."""
+    per label, the step-cost feedback's correction of its price (missing: 1).
+
+    ``drafting``: the batch drafts now, so its best tree is kept while it predicts ``keep_margin`` times the
+    plain step's speedup (None: no hysteresis, ``margin`` both ways): with ``keep_margin`` below 1, pausing
+    needs a predicted loss as starting needs a predicted gain. A request near break-even otherwise pauses at every
+    dip of its decayed acceptance, and a paused request sees little evidence (``dispatch.py``)."""
     factors = factors or {}
-    best = score(costs, batch, PLAIN, 1, 0, tracker, context)
+    plain = best = score(costs, batch, PLAIN, 1, 0, tracker, context)
+    drafted = None  # the best drafting candidate
     for label, (nodes, depth) in candidates.items():
         c = None if label == PLAIN else score(costs, batch, label, nodes, depth, tracker, context,
                                               factors.get(label, 1.0))
-        if c is not None and c.predicted_speedup > best.predicted_speedup * (margin if best.label == PLAIN else 1.0):
+        if c is None:
+            continue
+        if drafted is None or c.predicted_speedup > drafted.predicted_speedup:
+            drafted = c
+        if c.predicted_speedup > best.predicted_speedup * (margin if best.label == PLAIN else 1.0):
             best = c
+    if best is plain and drafting and keep_margin is not None and drafted is not None \
+            and drafted.predicted_speedup >= plain.predicted_speedup * keep_margin:
+        best = drafted
     return best
 
 

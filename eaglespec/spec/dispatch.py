@@ -7,7 +7,9 @@ per-request acceptance (``costmodel.py`` has the formulas).
   argmax), so a server mixing both would otherwise start its sampled requests from greedy acceptance.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size and the
-  rows' mean context (a verified token costs more in a longer context).
+  rows' mean context (a verified token costs more in a longer context). A request alone in its batch starts
+  drafting on a predicted gain of ``margin`` and, once drafting, pauses only on a predicted loss
+  (``KEEP_MARGIN``); a batch of several uses ``batched_margin`` both ways.
 * A batch that stopped drafting (choice ``none``) probes after ``probe_every`` steps, and chooses again from
   what the probe saw, so acceptance that recovers is seen again; each probe after which drafting still does
   not pay doubles the wait (up to ``max_probe_every``); a request alone in the batch starts the waits over (it
@@ -76,6 +78,17 @@ at this many times the rows' mean acceptance. A batch's mean moves less than one
 while its probes' catch-ups (every row's prompt and recorded pairs) cost 0.7-1.8% of the wall time over vanilla's
 in the paused cells, which ran 0.951-1.005x."""
 
+KEEP_MARGIN = 0.98
+"""A request alone in its batch that drafts keeps its best tree while the tree is predicted at this many times a
+plain step's speedup (``costmodel.choose``): pausing needs a predicted 2% loss, as drafting needs a 2% gain
+(``margin``). Without it a request near break-even paused at every dip of its decayed acceptance (about the
+last 33 verifications' worth: a rate read +-0.08 around a true 0.4), and once paused it saw only the
+look-backs of its doubling probe waits. At T=1 on a 2-core EPYC the chain of 1 breaks even near depth-1
+acceptance 0.36, the requests accepted 0.37-0.42 on average, and `--tree auto` paused in 53-63% of its batch-1
+rounds on MT-bench and HumanEval and ran 1.00-1.02x where the chain of 1, drafted throughout, ran 1.03-1.15x
+(session 25's matrices). A batch of several requests keeps ``batched_margin`` both ways: the calibration's
+batch-4 prices err by more than this band."""
+
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
 )
@@ -88,7 +101,8 @@ class AdaptiveDispatcher:
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
                  margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4,
                  probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
-                 batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True):
+                 batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True,
+                 keep_margin: float | None = KEEP_MARGIN):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
@@ -97,6 +111,8 @@ class AdaptiveDispatcher:
                              f"{batched_probe_optimism}")
         if margin < 1.0 or batched_margin < 1.0:
             raise ValueError(f"margins must be >= 1, got {margin} and {batched_margin}")
+        if keep_margin is not None and not 0.0 < keep_margin <= margin:
+            raise ValueError(f"keep_margin must be in (0, margin = {margin}] or None, got {keep_margin}")
         self.costs = costs
         self._sampled_costs = costs.for_sampled()  # batches holding a sampled request (T > 0)
         self.candidates = {c.label: c for c in candidates if c.drafts}
@@ -107,6 +123,7 @@ class AdaptiveDispatcher:
         self._sampled: dict[int, bool] = {}  # row -> its request samples (T > 0)
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.batched_margin = batched_margin
+        self.keep_margin = keep_margin
         self.max_probe_every, self.probe_steps = max_probe_every, probe_steps
         self.probe_optimism, self.batched_probe_optimism = probe_optimism, batched_probe_optimism
         self._probe_wait = probe_every  # steps until the next probe while paused (doubles after each probe)
@@ -247,7 +264,8 @@ class AdaptiveDispatcher:
                 or self._probe_done:
             self._chosen_on = evidence
             self.last = choose(costs, batch_size, self._shapes, self._batch_tracker(rows), self._margin(batch_size),
-                               context, self._factors(batch_size))
+                               context, self._factors(batch_size), drafting=self._current.drafts,
+                               keep_margin=self.keep_margin if batch_size <= 1 else None)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
