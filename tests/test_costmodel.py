@@ -1483,6 +1483,61 @@ def test_a_request_alone_that_drafts_pauses_only_on_a_predicted_loss():
         AdaptiveDispatcher(costs, [Chain(1)], keep_margin=1.05)
 
 
+def test_a_chain_whose_next_depth_went_unseen_drafts_the_longer_chain_for_a_run():
+    """A request alone drafts the chain of 1 (predicted 1.20x against the chain of 2's 1.155x from a depth-2 rate of
+    0.35 that no chain of 1 ever updates). Once that rate rests on less than one verification's worth of evidence
+    (``DEEPEN_BELOW``) and the chain of 2 would pay at 1.5 times it, the chain of 2 is drafted for ``DEEPEN_STEPS``
+    steps: here its second tokens are always accepted, so it is kept. A depth-2 rate too low to matter even for an
+    optimist (0.1) is never explored; ``deepen_steps=0`` never explores; a batch of several never does."""
+    from eaglespec.spec import dispatch
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = CostTable({(b, n): 0.010 * {1: 1.0, 2: 1.2, 3: 1.35}[n] for b in (1, 4) for n in (1, 2, 3)},
+                      {(b, "chain1"): 0.0005 for b in (1, 4)} | {(b, "chain2"): 0.001 for b in (1, 4)})
+
+    def run(depth2, steps=120, batch=1, **kw):
+        rows = list(range(batch))
+        d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.5, depth2), weight=8),
+                               repick_every=1, batched_margin=1.02, cost_feedback=False, **kw)
+        for r in rows:
+            d.start_row(r)
+        labels = []
+        for i in range(steps):
+            cfg = d.pick(batch, rows)
+            labels.append(cfg.label)
+            first = i % 2 == 0  # half the first tokens accepted; every second token after an accepted first
+            d.observe(rows, cfg, [(cfg.depth if first else 0) if cfg.drafts else 0] * batch)
+        return labels
+
+    assert (dispatch.DEEPEN_BELOW, dispatch.DEEPEN_STEPS) == (1.0, 8)
+    labels = run(0.35)
+    first = labels.index("chain2")
+    assert 60 < first < 75 and labels[:first] == ["chain1"] * first  # 8 x 0.97^n < 1 after 69 verifications
+    assert labels[first:first + 8] == ["chain2"] * 8 and set(labels[first + 8:]) == {"chain2"}  # kept: it pays
+    assert set(run(0.1)) == {"chain1"}
+    assert set(run(0.35, deepen_steps=0)) == {"chain1"}
+    assert set(run(0.35, batch=2)) == {"chain1"}
+    with pytest.raises(ValueError, match="deepen_steps"):
+        AdaptiveDispatcher(costs, [Chain(1)], deepen_steps=-1)
+
+
+def test_a_new_request_inherits_no_more_evidence_of_a_depth_than_the_pool_has():
+    """``start_row``: the pool's rates with the prior's weight of 8 verifications, except at a depth whose pooled
+    evidence has aged below that (no chain reached it lately), which passes on its own weight, rate unchanged."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = CostTable({(1, 1): 0.01, (1, 2): 0.012}, {(1, "chain1"): 0.0})
+    d = AdaptiveDispatcher(costs, [Chain(1)], prior=AcceptanceTracker(prior=(0.5, 0.4), weight=8))
+    for _ in range(40):
+        d.pools[False].update_chain(1, 1)
+    pool = d.pools[False]
+    d.start_row(0)
+    t = d.rows[0]
+    assert pool.tries[0] > 8 and t.tries[0] == 8  # depth 1: the prior's weight
+    assert t.tries[1] == pytest.approx(8 * 0.97 ** 40) == pytest.approx(pool.tries[1])  # depth 2: aged
+    assert t.rates() == pytest.approx(pool.rates())
+
+
 def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain_step(monkeypatch):
     """Tree steps are timed at the smallest and largest batch sizes and at 4; between them, a tree's step is
     priced at the interpolated ratio to a plain step, so a stalled verify(2, 2) does not make it dearer (until

@@ -89,6 +89,19 @@ rounds on MT-bench and HumanEval and ran 1.00-1.02x where the chain of 1, drafte
 (session 25's matrices). A batch of several requests keeps ``batched_margin`` both ways: the calibration's
 batch-4 prices err by more than this band."""
 
+DEEPEN_BELOW = 1.0
+DEEPEN_STEPS = 8
+"""A request alone in its batch that drafts a chain of d drafts the next longer candidate chain for
+``DEEPEN_STEPS`` steps once its acceptance at depth d + 1 rests on less than ``DEEPEN_BELOW`` verifications'
+worth of evidence, if that chain would pay at ``probe_optimism`` times the estimate there (``_deeper``). A depth
+no chain reaches is never tried again, and every verification ages its evidence without changing its rate: a
+few early misses kept it low for good. In session 25's first matrix (MT-bench, batch 1, greedy) `--tree auto`
+drafted the chain of 1 in 1775 rounds and the chain of 2 in 11, and ran 1.12x where the chain of 2 ran 1.16x
+with 0.46 of its second tokens accepted (it wins above ~0.31 there). Refilled by a run (about 4 tries at depth
+2 when half the first tokens are accepted), the evidence ages below 1 again after ~45 verifications: a run every
+~50 steps while the longer chain stays plausible, none once its acceptance is known to be too low even for an
+optimist."""
+
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
 )
@@ -102,7 +115,7 @@ class AdaptiveDispatcher:
                  margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4,
                  probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
                  batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True,
-                 keep_margin: float | None = KEEP_MARGIN):
+                 keep_margin: float | None = KEEP_MARGIN, deepen_steps: int = DEEPEN_STEPS):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
@@ -124,6 +137,9 @@ class AdaptiveDispatcher:
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.batched_margin = batched_margin
         self.keep_margin = keep_margin
+        if deepen_steps < 0:
+            raise ValueError(f"deepen_steps must be >= 0 (0: never), got {deepen_steps}")
+        self.deepen_steps = deepen_steps
         self.max_probe_every, self.probe_steps = max_probe_every, probe_steps
         self.probe_optimism, self.batched_probe_optimism = probe_optimism, batched_probe_optimism
         self._probe_wait = probe_every  # steps until the next probe while paused (doubles after each probe)
@@ -155,8 +171,13 @@ class AdaptiveDispatcher:
         """A new request took this cache row: its tracker starts from the pooled acceptance of its kind
         (sampled: the request samples at T > 0)."""
         p = self.pools[sampled]
-        self.rows[row] = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
-                                           shape_tokens=dict(p.shape_tokens))
+        self.rows[row] = t = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
+                                               shape_tokens=dict(p.shape_tokens))
+        # A depth the pool has seen little of lately passes on no more evidence than it has (``DEEPEN_BELOW``):
+        # every request would otherwise restart a stale depth-2 estimate at 8 verifications' worth.
+        for i, w in enumerate(p.tries[: len(t.tries)]):
+            if 0.0 < w < t.tries[i]:
+                t.hits[i], t.tries[i] = t.hits[i] * w / t.tries[i], w
         self._sampled[row] = sampled
         # Alone in the batch (every batch of 1), its own acceptance is all the batch's evidence and none of it is
         # known yet: the paused batch probes ``probe_every`` steps after it joined. The waits doubled over the
@@ -287,8 +308,36 @@ class AdaptiveDispatcher:
             self._since_draft = 0
             self._probe_wait = self.probe_every  # drafting pays again: probe soon after the next pause
             self._explore = False  # it drafts: its own acceptance is being observed
+            deeper = self._deeper(batch_size, rows, cfg, budget) if (self._steps - 1) % self.repick_every == 0 else None
+            if deeper is not None:  # a run of the next longer chain, chosen again right after it
+                self._probe, self._probe_left = deeper, self.deepen_steps - 1
+                return self._probe_step(batch_size, rows)
         self._probe_done = False
         return cfg
+
+    def _deeper(self, batch_size: int, rows: Sequence[int], cfg: TreeStrategy,
+                budget: Sequence[int] | None) -> Chain | None:
+        """The next longer candidate chain, when a request alone in its batch drafts a chain whose next depth's
+        acceptance rests on less than ``DEEPEN_BELOW`` verifications' worth of evidence (it ages while only
+        shorter chains are drafted) and would make that chain pay at ``probe_optimism`` times its estimate;
+        else None. See ``DEEPEN_STEPS``."""
+        if not self.deepen_steps or batch_size > 1 or not isinstance(cfg, Chain) or not rows \
+                or rows[0] not in self.rows or budget and max(budget) < self.deepen_steps:
+            return None
+        nxt = min((c for c in self.candidates.values() if isinstance(c, Chain) and c.depth > cfg.depth),
+                  key=lambda c: c.depth, default=None)
+        t = self.rows[rows[0]]
+        if nxt is None or (t.tries[cfg.depth] if len(t.tries) > cfg.depth else 0.0) >= DEEPEN_BELOW:
+            return None
+        rates = t.rates()
+        hopeful = AcceptanceTracker(1.0, tuple(r if i < cfg.depth else min(1.0, self.probe_optimism * r)
+                                               for i, r in enumerate(rates)), 1.0)
+        costs, factors = self._costs(rows), self._factors(batch_size)
+        now = score(costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth, t, self._context,
+                    factors.get(cfg.label, 1.0))
+        then = score(costs, batch_size, nxt.label, nxt.num_nodes, nxt.max_depth, hopeful, self._context,
+                     factors.get(nxt.label, 1.0))
+        return nxt if now is not None and then is not None and then.predicted_speedup > now.predicted_speedup else None
 
     def _margin(self, batch_size: int) -> float:
         """What a tree's predicted speedup must beat to be drafted: ``margin`` alone in the batch,
