@@ -549,6 +549,44 @@ def test_a_catch_up_after_a_paused_request_left_reads_within_the_buffer(monkeypa
     assert bounds[:12] == [0, 1, 2, 3, 4, 5] + [0, 1, 2, 3, 4, 5]  # the first request's 6 steps, the second's
 
 
+def test_a_look_back_scores_a_row_that_just_joined_in_a_forward_of_its_own():
+    """A look-back whose catch-up puts a request that just joined (its prompt waiting, no pair recorded yet) in a
+    head forward of its own, as wide as its prompt: nothing of it is scored (it once gathered one slot past the
+    forward's end and raised, seen at batch 4 on MT-bench), the other row is, and greedy output is vanilla's."""
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.strategies import NoDraft
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    class LookingBack(Scripted):
+        look_back_due = False
+
+        def pick(self, batch_size):
+            self.look_back_due = self.i == 2  # the first step after the long prompt joined
+            return super().pick(batch_size)
+
+        def observe_look_back(self, rows, hits, tries):
+            seen.append(dict(zip(rows, tries)))
+
+    target, _ = tiny_target("llama")
+    tok = tiny_tokenizer()
+    # the second request leaves after 2 steps and a long prompt takes its row
+    reqs = [Request(tok.encode(p), GenerationConfig(n, ignore_eos=True))
+            for p, n in ((PROMPTS[0], 12), (PROMPTS[1], 3), (PROMPTS[4] * 8, 4))]
+    seen = []
+    with torch.inference_mode():
+        got = Engine(target, EagleProposer(make_head(target, "eagle3"), LookingBack([NoDraft()])),
+                     max_batch_size=2).generate(reqs)
+        want = Engine(target, None, max_batch_size=2).generate(reqs)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    # row 1 holds the long prompt, nothing recorded; row 0 scored its one pair whose next token is known
+    assert seen == [{0: 1, 1: 0}] and len(reqs[2].prompt_ids) > len(reqs[0].prompt_ids) + 2 + 16
+
+
 def test_a_catch_up_groups_its_rows_into_forwards_for_the_fewest_padded_pairs():
     """``plan_catch_up`` against every partition of the rows (forwards padded to their longest row, a fixed cost
     each): the optimum among sorted runs is the optimum; rows with nothing to encode are left out."""

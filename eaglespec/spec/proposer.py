@@ -558,10 +558,15 @@ class EagleProposer:
         hits = dict.fromkeys(ids, 0.0)  # cache row -> summed chance (``rows`` holds the same row ids on the device)
         tries = dict.fromkeys(ids, 0)
         for sel, o, first, n in scored:
+            if self._lag_tok is None:  # no paused pair recorded yet (prompts only): nothing to score
+                continue
             j = (n - 1 - LOOK_BACK)[:, None] + torch.arange(LOOK_BACK, device=o.device)[None, :]  # [B', K] pairs
             ok = j >= 0  # pair j scored against pair j + 1's token: j <= n - 2
             j = j.clamp(min=0)
-            h = o.gather(1, (first[:, None] + j)[:, :, None].expand(-1, -1, o.shape[-1]))  # [B', K, H]
+            # the slots of pairs that were not scored (ok False) are clamped into the forward's width: a row that
+            # just joined has its prompt waiting and no recorded pair, and first = its width when it is the widest
+            at = (first[:, None] + j).clamp(max=o.shape[1] - 1)  # [B', K]
+            h = o.gather(1, at[:, :, None].expand(-1, -1, o.shape[-1]))  # [B', K, H]
             rows = sel.tolist()
             temps = torch.tensor([self._row_temperature.get(r, self.draft_temperature or 0.0) for r in rows],
                                  dtype=torch.float32, device=o.device)  # [B']
