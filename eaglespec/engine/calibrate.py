@@ -62,7 +62,7 @@ __all__ = ["CALIBRATION_VERSION", "adaptive_dispatcher", "build_calibrated_propo
 # ratio of its steps to a plain engine's stepped in turns, times the priced plain step (no longer at least the head's
 # own seconds beyond its priced forward)
 # 19: nothing measured differently; a paused step's record, dispatch and timing cost less (batch-4 rows of unequal
-# lags no longer write their slots each step: the proposer's share 211 -> 97 us median on a 2-core EPYC) and every
+# lags no longer write their slots each step: the proposer's median 186-191 -> 72-78 us on a 2-core EPYC) and every
 # plain step's one-node tree shares its constant fields
 CALIBRATION_VERSION = 19
 SAMPLED_T = 1.0  # the temperature the sampled costs are measured at (the cost of sampling hardly depends on it)
