@@ -107,6 +107,13 @@ DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
 )
 
 
+def _hopeful(rates: Sequence[float], optimism: float, from_depth: int = 0) -> AcceptanceTracker:
+    """The tracker of an optimist: the rates from depth ``from_depth`` + 1 on (0-based index ``from_depth``)
+    ``optimism`` times what they are, at most 1; the shallower ones as they are."""
+    return AcceptanceTracker(1.0, tuple(r if i < from_depth else min(1.0, optimism * r) for i, r in enumerate(rates)),
+                             1.0)
+
+
 class AdaptiveDispatcher:
     """``pick(batch_size) -> TreeStrategy`` like ``strategies.TreeDispatcher``, plus ``observe`` after verification."""
 
@@ -329,9 +336,7 @@ class AdaptiveDispatcher:
         t = self.rows[rows[0]]
         if nxt is None or (t.tries[cfg.depth] if len(t.tries) > cfg.depth else 0.0) >= DEEPEN_BELOW:
             return None
-        rates = t.rates()
-        hopeful = AcceptanceTracker(1.0, tuple(r if i < cfg.depth else min(1.0, self.probe_optimism * r)
-                                               for i, r in enumerate(rates)), 1.0)
+        hopeful = _hopeful(t.rates(), self.probe_optimism, cfg.depth)
         costs, factors = self._costs(rows), self._factors(batch_size)
         now = score(costs, batch_size, cfg.label, cfg.num_nodes, cfg.max_depth, t, self._context,
                     factors.get(cfg.label, 1.0))
@@ -363,9 +368,8 @@ class AdaptiveDispatcher:
         T=1 requests showed ~0.25), or where too few tokens are left for it to: resuming at speedup S over R
         tokens saves R * (1 - 1/S) plain steps (a 128-token request's third probe, 16 tokens before its end,
         saves at most 0.3 of a step at S = 1.02)."""
-        rates = self._batch_tracker(rows).rates()
         optimism = self.probe_optimism if batch_size <= 1 else self.batched_probe_optimism
-        hopeful = AcceptanceTracker(1.0, tuple(min(1.0, optimism * r) for r in rates), 1.0)
+        hopeful = _hopeful(self._batch_tracker(rows).rates(), optimism)
         best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size), self._context,
                       self._factors(batch_size))
         if best.label == PLAIN:

@@ -407,7 +407,7 @@ class EagleProposer:
         the bonus was drawn with (bonus_p [B]; None: greedy, 1) for a look-back probe's sampled estimate.
 
         While the steps come with host rows, the same rows step after step keep each step's feature and bonus
-        tensors as they are, in a run written to the buffer in one copy when something reads it
+        tensors as they are, in a run written to the buffer (a copy a row) when something reads it
         (``_flush_lag_run``): no tensor op at all per paused step, whatever each row's lag (rows that joined the
         batch at other steps lag differently). A record of this kind took ~12 us in the engine where writing the
         slots took ~49 (2-core Xeon); at batch 4 on a 2-core EPYC (rows of unequal lags wrote their slots then)
@@ -453,8 +453,8 @@ class EagleProposer:
         self._lag_feat, self._lag_tok, self._lag_p = feat, tok, prob
 
     def _flush_lag_run(self) -> None:
-        """Write the run of recorded steps (``_record_paused``) into the buffer: one copy for all its steps when
-        its rows are contiguous and lag alike (every batch of 1), else one a row."""
+        """Write the run of recorded steps (``_record_paused``) into the buffer: the steps of a row in one copy,
+        at the row's own slot (rows may lag differently). Once per catch-up, release or buffer read."""
         run = self._lag_run
         if not run:
             return
@@ -464,18 +464,11 @@ class EagleProposer:
         tok = torch.stack([b for _, b, _ in run], dim=1)  # [B, T]
         prob = None if all(p is None for _, _, p in run) else torch.stack(  # [B, T]; None: greedy steps, drawn w.p. 1
             [p.float() if p is not None else torch.ones_like(b, dtype=torch.float32) for _, b, p in run], dim=1)
-        r0, B, n0 = rows[0], len(rows), starts[0]
-        if rows == tuple(range(r0, r0 + B)) and starts.count(n0) == B:
-            self._lag_feat[r0:r0 + B, n0:n0 + T] = feat
-            self._lag_tok[r0:r0 + B, n0:n0 + T] = tok
-            self._lag_p[r0:r0 + B, n0:n0 + T] = 1.0 if prob is None else prob
-            self._lag_n[r0:r0 + B] += T
-        else:
-            for b, (r, n) in enumerate(zip(rows, starts)):
-                self._lag_feat[r, n:n + T] = feat[b]
-                self._lag_tok[r, n:n + T] = tok[b]
-                self._lag_p[r, n:n + T] = 1.0 if prob is None else prob[b]
-            self._lag_n[torch.tensor(rows, device=self._lag_n.device)] += T
+        for b, (r, n) in enumerate(zip(rows, starts)):
+            self._lag_feat[r, n:n + T] = feat[b]
+            self._lag_tok[r, n:n + T] = tok[b]
+            self._lag_p[r, n:n + T] = 1.0 if prob is None else prob[b]
+        self._lag_n[torch.tensor(rows, device=self._lag_n.device)] += T
         run.clear()
 
     def catch_up_pairs(self, row_ids: Sequence[int]) -> int:

@@ -57,9 +57,10 @@ def _root_fields(batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tens
     key = (batch, device)
     fields = _ROOT_FIELDS.get(key)
     if fields is None:
-        zeros = torch.zeros(batch, 1, dtype=torch.int64, device=device)
-        fields = _ROOT_FIELDS[key] = (zeros - 1, zeros, torch.ones(batch, 1, dtype=torch.bool, device=device),
-                                      torch.zeros(batch, 1, dtype=torch.float32, device=device))
+        with torch.inference_mode(False):  # plain tensors: usable outside inference mode too
+            zeros = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+            fields = _ROOT_FIELDS[key] = (zeros - 1, zeros, torch.ones(batch, 1, dtype=torch.bool, device=device),
+                                          torch.zeros(batch, 1, dtype=torch.float32, device=device))
     return fields
 
 
