@@ -107,7 +107,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile,
                          int4_kernel=args.int4_kernel,
-                         prompt_dtype=args.prompt_dtype)
+                         prompt_dtype=args.prompt_dtype, kv_dtype=args.kv_dtype)
     log.info("loaded %s (%s, %s) in %.1f s", target.name, target.model.precision, args.device, time.perf_counter() - t0)
     ids = [encode_prompt(target.tokenizer, p, chat=not args.raw) for p in prompts]
     proposer = build_proposer(target, draft_options(args))
@@ -149,7 +149,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     opts = draft_options(args)
     target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile,
                          int4_kernel=args.int4_kernel,
-                         prompt_dtype=args.prompt_dtype)
+                         prompt_dtype=args.prompt_dtype, kv_dtype=args.kv_dtype)
     head_dir = resolve_head_dir(opts, target)
     if head_dir is None:
         raise CLIError("no draft head to calibrate: give one with --draft DIR (the default model's head is "

@@ -487,14 +487,15 @@ def test_load_target_builds_the_runtime_model(hf_dir, monkeypatch):
         @classmethod
         def from_state_dict(cls, args, state_dict, dtype, device):
             built.update(args=args, state_dict=state_dict, dtype=dtype, device=device)
-            return "model"
+            return types.SimpleNamespace(dtype=dtype, device=torch.device(device), row_attention=False,
+                                         step_graph=None)
 
     fake_model = types.ModuleType("eaglespec.runtime.model")
     fake_model.ModelArgs, fake_model.Transformer = ModelArgs, Transformer
     monkeypatch.setitem(sys.modules, "eaglespec.runtime.model", fake_model)
 
     target = loading.load_target(str(directory), dtype="bf16", device="cpu")
-    assert target.model == "model"
+    assert target.model.kv_dtype == torch.bfloat16  # --kv-dtype auto: the model's own where no kernel reads float16
     assert built["args"] == ("args", 2) and built["dtype"] == torch.bfloat16 and built["device"] == "cpu"
     _assert_same_tensors(built["state_dict"], expected, torch.bfloat16)
     assert target.eos_token_ids == [2, 4, 5] and target.name == "tiny-llama"

@@ -564,11 +564,13 @@ def _from_json(d: dict) -> CostTable:
 
 
 def _runtime_label(model) -> str:
-    """The precision (and int4 kernel), whether decode/verify forwards run compiled, and the GPU they run on
-    (they cost differently; the machine fingerprint names the CPU only)."""
+    """The precision (and int4 kernel, and a float16 KV cache), whether decode/verify forwards run compiled, and the
+    GPU they run on (they cost differently; the machine fingerprint names the CPU only)."""
     precision = getattr(model, "precision", "?")
     if getattr(model, "int4_kernel", None) == "w4a8":
         precision += "/w4a8"  # torch's int4 kernel keeps the plain label (tables cached before w4a8 existed)
+    if getattr(model, "kv_dtype", None) == torch.float16 and getattr(model, "dtype", None) != torch.float16:
+        precision += "/kv16"  # a float16 cache under float32 activations (runtime.loading.resolve_kv_dtype)
     label = f"{precision}+compiled" if getattr(model, "step_graph", None) is not None else precision
     device = getattr(model, "device", None)
     if isinstance(device, torch.device) and device.type == "cuda":

@@ -455,6 +455,7 @@ class BenchConfig:
     int4_kernel: str = "auto"
     """Kernel of packed int4 weights (runtime.quant.INT4_KERNELS)."""
     prompt_dtype: str = "auto"
+    kv_dtype: str = "auto"
     """What packed targets multiply long prompts in (runtime.quant.PROMPT_DTYPES)."""
     limit: int | None = None
     """First N questions per dataset (after the category filters)."""
@@ -537,13 +538,14 @@ class Bench:
 
             target = load_target(cfg.model, dtype=cfg.dtype, device=cfg.device, compile=cfg.compile,
                                  int4_kernel=cfg.int4_kernel,
-                                 prompt_dtype=cfg.prompt_dtype)
+                                 prompt_dtype=cfg.prompt_dtype, kv_dtype=cfg.kv_dtype)
         self.target = target
         self.dtype = target.model.precision  # resolved (--dtype auto, "bf16" and "bfloat16" alike, int4, ...)
         self.machine = machine_facts(cfg.device, self.dtype)
         self.machine["compiled"] = target.model.step_graph is not None
         self.machine["int4_kernel"] = target.model.int4_kernel
         self.machine["prompt_dtype"] = target.model.prompt_dtype
+        self.machine["kv_dtype"] = str(target.model.kv_dtype).removeprefix("torch.")
         self.results: dict[tuple, dict] = {}  # record key -> record (resumed and new)
         self.skipped: dict[str, str] = {}  # method -> why
         self.unavailable = {m.name: why for m in self.methods if (why := self._availability(m)) is not None}
@@ -990,7 +992,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         cfg = BenchConfig(datasets=args.dataset, out=args.out, methods=args.methods or ["vanilla,eagle"],
                           model=args.model, dtype=args.dtype, device=args.device, compile=args.compile,
-                          int4_kernel=args.int4_kernel, prompt_dtype=args.prompt_dtype, limit=args.limit,
+                          int4_kernel=args.int4_kernel, prompt_dtype=args.prompt_dtype, kv_dtype=args.kv_dtype,
+                          limit=args.limit,
                           limit_per_category=args.limit_per_category,
                           categories=args.categories.split(",") if args.categories else None,
                           max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
@@ -1012,7 +1015,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from eaglespec.runtime.loading import load_target
 
             target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile,
-                                 int4_kernel=args.int4_kernel, prompt_dtype=args.prompt_dtype)
+                                 int4_kernel=args.int4_kernel, prompt_dtype=args.prompt_dtype, kv_dtype=args.kv_dtype)
         run_cost_curve(args, target)
     if not args.no_report:
         path = report.write_report(Path(args.out))

@@ -212,7 +212,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     questions = load_questions(args.dataset, args.limit, args.categories.split(",") if args.categories else None)
     target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile,
                          int4_kernel=args.int4_kernel,
-                         prompt_dtype=args.prompt_dtype)
+                         prompt_dtype=args.prompt_dtype, kv_dtype=args.kv_dtype)
     d = diagnose(target, args.draft, questions, args.steps, args.max_new_tokens, chat=not args.raw)
     print(format_summary(d))
     if args.json:

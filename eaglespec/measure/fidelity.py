@@ -7,7 +7,9 @@ token the float32 answer and where the others first differ. Then it scores held-
 tokens) and reports the perplexity twice: every forward run with the kernels decoding runs (packed weights use
 their packed kernel for every row count), and as one prompt forward (the kernels a prompt runs: packed targets
 multiply prompts of more than 16 tokens densely, in float32 or bfloat16, `--prompt-dtype`). A packed precision
-may name its prompt dtype, `int4@bfloat16`; without one it runs what `--prompt-dtype auto` picks here.
+may name its prompt dtype, `int4@bfloat16`; without one it runs what `--prompt-dtype auto` picks here. Any
+precision may end in its KV cache's dtype, `int4/float32` or `int4@bfloat16/float16`; without one it runs what
+`--kv-dtype auto` picks (float16 for eager int4 on the CPU, else the model's dtype).
 
 Records (one JSON line per precision) go to `--out`; a markdown table is printed.
 """
@@ -91,7 +93,7 @@ def compare(answers: list[list[int]], reference: list[list[int]]) -> tuple[int, 
 
 def run(args: argparse.Namespace) -> list[Fidelity]:
     from eaglespec.datasets import encode_conversation, load_questions, read_records
-    from eaglespec.runtime.loading import load_target
+    from eaglespec.runtime.loading import KV_DTYPES, load_target
     from eaglespec.runtime.quant import resolve_prompt_dtype
 
     dtypes = [d.strip().lower() for d in args.dtypes.split(",") if d.strip()]
@@ -105,8 +107,10 @@ def run(args: argparse.Namespace) -> list[Fidelity]:
     if bad:
         raise ValueError(f"--dtypes {', '.join(bad)}: only packed precisions (int8, int4) take a prompt dtype")
     for d in dtypes:
+        if "/" in d and d.partition("/")[2] not in KV_DTYPES[1:]:
+            raise ValueError(f"--dtypes {d}: the KV cache dtype after '/' must be one of {', '.join(KV_DTYPES[1:])}")
         if "@" in d:
-            resolve_prompt_dtype(d.partition("@")[2])
+            resolve_prompt_dtype(d.partition("/")[0].partition("@")[2])
     if args.max_new_tokens < 1 or args.limit < 1 or args.ppl_limit < 1 or args.ppl_max_len < 2:
         raise ValueError("--max-new-tokens, --limit and --ppl-limit must be >= 1 and --ppl-max-len >= 2")
     questions = load_questions(args.dataset, args.limit)
@@ -120,13 +124,16 @@ def run(args: argparse.Namespace) -> list[Fidelity]:
     reference: list[list[int]] | None = None
     for dtype in dtypes:
         t0 = time.perf_counter()
-        spec, _, prompt = dtype.partition("@")  # "int4@bfloat16": the prompt dtype too
+        spec, _, kv = dtype.partition("/")  # "int4/float32": the KV cache dtype too
+        spec, _, prompt = spec.partition("@")  # "int4@bfloat16": the prompt dtype too
         name, _, kernel = spec.partition(":")  # "int4:torch" / "int4:w4a8": the int4 kernel too
         target = load_target(args.model, dtype=name, device=args.device, int4_kernel=kernel or "auto",
-                             prompt_dtype=prompt or "auto")
+                             prompt_dtype=prompt or "auto", kv_dtype=kv or "auto")
         if name == "int4" and not kernel:
             spec = f"int4:{target.model.int4_kernel}"
         dtype = f"{spec}@{target.model.prompt_dtype}" if name in ("int8", "int4") else spec
+        if target.model.kv_dtype != target.model.dtype:
+            dtype += "/" + str(target.model.kv_dtype).removeprefix("torch.")
         load_s = time.perf_counter() - t0
         prompts = [encode_conversation(target.tokenizer, q.turns[:1], [], chat=True) for q in questions]
         texts = [target.tokenizer.encode(_ppl_text(r, args.ppl_data))[: args.ppl_max_len] for r in ppl_records]
@@ -184,7 +191,8 @@ def register(subparsers) -> None:
     p.add_argument("--dtypes", default="float32,bfloat16,int8,int4",
                    help="comma list of precisions (float32 is always run, as the reference); int4:torch / int4:w4a8 "
                         "pick the int4 kernel (plain int4: --int4-kernel auto); a packed precision may end in "
-                        "@float32 / @bfloat16, the dtype its prompts run in (default: auto, as eaglespec generate)")
+                        "@float32 / @bfloat16, the dtype its prompts run in (default: auto, as eaglespec generate); "
+                        "any may end in /float32 or /float16, its KV cache's dtype (default: auto, as generate)")
     p.add_argument("--dataset", required=True, metavar="[NAME=]PATH", help="question file (first turns are used)")
     p.add_argument("--limit", type=int, default=10, help="questions")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -471,6 +471,7 @@ def write_block(dst: Tensor, new: Tensor, plan: AttentionPlan) -> None:
     """Write the new tokens' keys or values ``new [..., B, Hkv, T, D]`` into the cache tensor ``dst [...,
     max_batch, Hkv, max_len, D]`` (one layer, or all layers at once) at the slots ``plan`` assigns: a slice
     when the rows are contiguous with one common start, else one indexed write."""
+    new = new.to(dst.dtype)  # a float16 cache under float32 activations: rounded to nearest even
     if plan.row_slice is not None and plan.uniform_start is not None:
         dst[..., plan.row_slice, :, plan.uniform_start:plan.uniform_start + new.shape[-2], :] = new
     else:  # rows [B, 1] against write_slots [B, T]: the indexed view is [B, T, ..., Hkv, D]
@@ -523,17 +524,17 @@ def attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, is_c
               compute_dtype: torch.dtype | None = None, exact_rows: bool = False) -> Tensor:
     """The attention kernel call: q [B, T, H, D] over keys, values [B, Hkv, S, D] (grouped heads), mask bool
     [B or 1, 1, T, S] (True = may attend) or None; computed in ``compute_dtype``, or by the row-independent
-    float32 kernel with ``exact_rows`` (see ``cached_attention``), and returned as [B, T, H * D] in the keys'
-    dtype."""
+    float32 kernel with ``exact_rows`` (see ``cached_attention``; it reads float32 or float16 keys and values), and
+    returned as [B, T, H * D] in q's dtype."""
     batch, n_new, n_heads, head_dim = q.shape
-    if exact_rows and q.dtype == keys.dtype == torch.float32 and q.is_cpu:
+    if exact_rows and q.dtype == torch.float32 and keys.dtype in (torch.float32, torch.float16) and q.is_cpu:
         if is_causal:  # direct callers; cached_attention passes its plan's mask, built once a forward
             mask = causal_mask(n_new, keys.shape[2], q.device)
         out = torch.ops.eaglespec.row_attention(q.transpose(1, 2), keys, values, mask)  # [B, T, H, D]
         return out.reshape(batch, n_new, n_heads * head_dim)
-    out_dtype = keys.dtype
-    if compute_dtype is not None and compute_dtype != q.dtype:
-        q, keys, values = q.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype)
+    out_dtype = q.dtype
+    compute_dtype = compute_dtype or q.dtype
+    q, keys, values = q.to(compute_dtype), keys.to(compute_dtype), values.to(compute_dtype)  # no-ops where equal
     out = grouped_sdpa(q.transpose(1, 2), keys, values, mask, is_causal).to(out_dtype)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(batch, n_new, n_heads * head_dim)
 
@@ -764,6 +765,9 @@ class Transformer(nn.Module):
         # The dtype prompt rows are multiplied in: the model's own, or for packed models the dense copy's
         # (runtime.quant.PROMPT_DTYPES; set by runtime.pack.pack_model).
         self.prompt_dtype = str(dtype).removeprefix("torch.")
+        # The KV cache's dtype (``new_cache``): the model's, or float16 where eaglespec::row_attention reads it
+        # (``runtime.loading.resolve_kv_dtype``; set by ``load_target``).
+        self.kv_dtype: torch.dtype = dtype
 
     @property
     def dtype(self) -> torch.dtype:
@@ -873,7 +877,7 @@ class Transformer(nn.Module):
         """An empty cache sized for this model, in its dtype and on its device."""
         a = self.args
         return KVCache(a.num_hidden_layers, max_batch, a.num_key_value_heads, max_len, a.head_dim,
-                       dtype=self.dtype, device=self.device)
+                       dtype=self.kv_dtype, device=self.device)
 
     # ------------------------------------------------------------------------------------------ forward
     def forward(

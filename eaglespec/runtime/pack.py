@@ -5,7 +5,9 @@ are packed from the file's own blocks (exact: the same 4-bit values, scales and 
 bfloat16 for the kernel), fused the way the model fuses them; any other projection is quantized from its
 float32 weight. The lm_head is ranked in the same format with its best candidates rescored in float32 (see
 pack_model).
-Norms, rotary tables and the KV cache stay float32; attention computes in float64 (Transformer.attention_dtype).
+Norms and rotary tables stay float32; the KV cache is float32 unless ``runtime.loading.resolve_kv_dtype`` picks
+float16 (``load_target``). Attention runs in eaglespec::row_attention where the kernels are built, else in float64
+(Transformer.attention_dtype).
 """
 
 from __future__ import annotations

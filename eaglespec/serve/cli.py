@@ -64,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     target = load_target(args.model, dtype=args.dtype, device=args.device, compile=args.compile,
                          int4_kernel=args.int4_kernel,
-                         prompt_dtype=args.prompt_dtype)
+                         prompt_dtype=args.prompt_dtype, kv_dtype=args.kv_dtype)
     log.info("loaded %s (%s, %s) in %.1f s", target.name, target.model.precision, args.device, time.perf_counter() - t0)
     context = target.model.args.max_position_embeddings
     max_len = args.max_model_len or min(DEFAULT_MAX_MODEL_LEN, context)

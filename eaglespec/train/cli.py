@@ -201,7 +201,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from eaglespec.runtime.loading import load_target, resolve_dtype
 
     _set_threads(args.threads)
-    target = load_target(args.model, dtype=args.dtype, device=args.device)
+    target = load_target(args.model, dtype=args.dtype, device=args.device, int4_kernel=args.int4_kernel,
+                         prompt_dtype=args.prompt_dtype, kv_dtype=args.kv_dtype)
     layers: tuple[int, ...] = ()
     if args.kind == "eagle3":
         layers = args.layers or default_feature_layer_ids(target.model.args.num_hidden_layers)

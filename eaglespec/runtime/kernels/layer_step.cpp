@@ -19,6 +19,7 @@
 #include <c10/util/Optional.h>
 #include <cstdint>
 #include <cstring>
+#include <immintrin.h>
 
 namespace {
 
@@ -48,23 +49,34 @@ Tensor linear(const Tensor& x, const std::vector<Tensor>& w, const c10::optional
   return bias.has_value() ? y + *bias : y;
 }
 
-// write_block: the new keys or values src [B, T, Hkv, D] (any strides, last dim contiguous) into the cache
-// tensor dst [max_batch, Hkv, max_len, D] at (rows[b], write_slots[b, t]).
+// write_block: the new keys or values src [B, T, Hkv, D] float32 (any strides, last dim contiguous) into the cache
+// tensor dst [max_batch, Hkv, max_len, D] (float32, or float16 rounded to nearest even as torch's copy rounds) at
+// (rows[b], write_slots[b, t]).
 void write_new(Tensor& dst, const Tensor& src, const int64_t* rows, const int64_t* slots) {
   const int64_t b = src.size(0), t = src.size(1), hkv = src.size(2), d = src.size(3);
-  TORCH_CHECK(src.stride(3) == 1 && dst.stride(3) == 1 && dst.size(1) == hkv && dst.size(3) == d,
-              "layer_step: cache layer does not match the new keys/values");
+  const bool half = dst.scalar_type() == at::kHalf;
+  TORCH_CHECK(src.stride(3) == 1 && dst.stride(3) == 1 && dst.size(1) == hkv && dst.size(3) == d && d % 16 == 0 &&
+              (half || dst.scalar_type() == at::kFloat), "layer_step: cache layer does not match the new keys/values");
   const float* sp = src.data_ptr<float>();
-  float* dp = dst.data_ptr<float>();
+  char* dp = static_cast<char*>(dst.data_ptr());
+  const int64_t el = dst.element_size();
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t r = rows[bi];
     TORCH_CHECK(r >= 0 && r < dst.size(0), "layer_step: cache row ", r, " out of range");
     for (int64_t ti = 0; ti < t; ++ti) {
       const int64_t s = slots[bi * t + ti];
       TORCH_CHECK(s >= 0 && s < dst.size(2), "layer_step: cache slot ", s, " out of range");
-      for (int64_t h = 0; h < hkv; ++h)
-        std::memcpy(dp + r * dst.stride(0) + h * dst.stride(1) + s * dst.stride(2),
-                    sp + bi * src.stride(0) + ti * src.stride(1) + h * src.stride(2), d * sizeof(float));
+      for (int64_t h = 0; h < hkv; ++h) {
+        const float* from = sp + bi * src.stride(0) + ti * src.stride(1) + h * src.stride(2);
+        char* to = dp + (r * dst.stride(0) + h * dst.stride(1) + s * dst.stride(2)) * el;
+        if (!half) {
+          std::memcpy(to, from, d * sizeof(float));
+          continue;
+        }
+        for (int64_t c = 0; c < d; c += 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(to) + c / 16,
+                              _mm512_cvtps_ph(_mm512_loadu_ps(from + c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
     }
   }
 }

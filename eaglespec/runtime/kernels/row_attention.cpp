@@ -17,9 +17,14 @@
 // (a job's accumulators go to memory between value chunks and come back unchanged), so how queries are
 // grouped into jobs (which depends on the batch, the query count and the threads) never changes a result.
 //
-// Shapes: q [B, H, T, D] float32; keys, values [B, Hkv, S, D] float32, last dimension contiguous (any other
-// strides: views of the cache are read in place); mask bool [B or 1, 1, T, S] (true = may attend) or absent
-// (every slot visible); H a multiple of Hkv, D a multiple of 16. Returns [B, T, H, D] float32.
+// Keys and values in float16 (a cache of half the bytes: decoding reads every cached key and value of every layer
+// each step, which at a few hundred tokens of context and a few rows costs as much as the weights) are converted
+// to float32 a block of rows at a time into the thread's scratch, once per job, and the arithmetic then runs on
+// those rows exactly as on float32 ones: the conversion is exact, so the same invariance holds.
+//
+// Shapes: q [B, H, T, D] float32; keys, values [B, Hkv, S, D] float32 or both float16, last dimension contiguous
+// (any other strides: views of the cache are read in place); mask bool [B or 1, 1, T, S] (true = may attend) or
+// absent (every slot visible); H a multiple of Hkv, D a multiple of 16. Returns [B, T, H, D] float32.
 #include <immintrin.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -72,7 +77,8 @@ constexpr int64_t kMaxPerJob = 16;   // queries in one job
 
 // Where one call's tensors live, and their shapes (see the header).
 struct Args {
-  const float *qp, *kp, *vp;
+  const float* qp;
+  const void *kp, *vp;  // float or float16 (uint16_t bits), per the job's KV type
   float* op;
   const bool* mp;
   int64_t h, t, d, hkv, s, s_pad, ks0, ks1, ks2, vs0, vs1, vs2, m_b, m_t, per_job;
@@ -85,7 +91,30 @@ struct Scratch {
   std::vector<float> p;       // [query][head][s_pad]: scores, then probabilities, of those slots
   std::vector<float> acc;     // [query][head][d]: the weighted sums between value chunks
   std::vector<__m512> q;      // [query][head][d / 16]: the scaled queries
+  std::vector<float> rows;    // [kValueChunk][d]: float16 key or value rows converted to float32
 };
+
+// Rows idx[0..m) (slot indices, strides in elements) of a float32 or float16 cache view, as float32 row
+// pointers: float32 rows are read in place; float16 rows are converted into `tmp` ([m][d]) first (exact).
+template <typename KV>
+__attribute__((always_inline)) inline void stage_rows(const KV* base, int64_t stride, const int32_t* idx, int64_t m,
+                                                      int64_t d, float* tmp, const float** out);
+template <>
+inline void stage_rows<float>(const float* base, int64_t stride, const int32_t* idx, int64_t m, int64_t, float*,
+                              const float** out) {
+  for (int64_t l = 0; l < m; ++l) out[l] = base + idx[l] * stride;
+}
+template <>
+inline void stage_rows<uint16_t>(const uint16_t* base, int64_t stride, const int32_t* idx, int64_t m, int64_t d,
+                                 float* tmp, const float** out) {
+  for (int64_t l = 0; l < m; ++l) {
+    const uint16_t* src = base + idx[l] * stride;
+    float* dst = tmp + l * d;
+    for (int64_t c = 0; c < d; c += 16)
+      _mm512_storeu_ps(dst + c, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c))));
+    out[l] = dst;
+  }
+}
 
 // The scores of one block of 16 compacted slots (rows kr) for one query's G heads: products summed over the
 // head dimension lane by lane, then across lanes by sum16; stored to p, and the running maxima updated.
@@ -109,23 +138,22 @@ __attribute__((always_inline)) inline void score_block(const float* const* kr, c
   }
 }
 
-// o[g] += p[g][j] * v[seen[j]] for compacted j in [j0, j1), in order, for one query's G heads; the sums
-// start from and return to `acc` ([G][D]).
+// o[g] += p[g][j] * v_j for compacted j in [j0, j1), in order, for one query's G heads (vr[j - j0]: the value
+// row of compacted slot j); the sums start from and return to `acc` ([G][D]).
 template <int NV, int G>
-__attribute__((always_inline)) inline void value_range(const float* vb, int64_t vs2, const int32_t* seen,
-                                                       const float* p, int64_t s_pad, int64_t j0, int64_t j1,
-                                                       int64_t nv, int64_t group, float* acc) {
+__attribute__((always_inline)) inline void value_range(const float* const* vr, const float* p, int64_t s_pad,
+                                                       int64_t j0, int64_t j1, int64_t nv, int64_t group, float* acc) {
   constexpr int kNV = NV > 0 ? NV : 32, kG = G > 0 ? G : 16;
   __m512 o[kG * kNV];
   for (int64_t k = 0; k < group * nv; ++k) o[k] = _mm512_loadu_ps(acc + 16 * k);
   for (int64_t j = j0; j < j1; ++j) {
-    const float* vr = vb + seen[j] * vs2;
+    const float* row = vr[j - j0];
     __m512 w[kG];
 #pragma GCC unroll 8
     for (int64_t g = 0; g < group; ++g) w[g] = _mm512_set1_ps(p[g * s_pad + j]);
 #pragma GCC unroll 8
     for (int64_t c = 0; c < nv; ++c) {
-      const __m512 vc = _mm512_loadu_ps(vr + 16 * c);
+      const __m512 vc = _mm512_loadu_ps(row + 16 * c);
 #pragma GCC unroll 8
       for (int64_t g = 0; g < group; ++g) o[g * nv + c] = _mm512_fmadd_ps(w[g], vc, o[g * nv + c]);
     }
@@ -135,16 +163,16 @@ __attribute__((always_inline)) inline void value_range(const float* vb, int64_t 
 
 // One job: queries [t0, t0 + nq) of batch row bi against KV head kvh, with its G query heads. NV (vectors of
 // 16 per head) and G are compile-time where a shape is instantiated (0 = read at run time), so the per-query
-// accumulators stay in registers.
-template <int NV, int G>
+// accumulators stay in registers. KV: float or uint16_t (float16 bits), the cache's element type.
+template <int NV, int G, typename KV>
 void attend_job(const Args& a, int64_t job, int64_t nv_rt, int64_t group_rt, Scratch& w) {
   const int64_t nv = NV > 0 ? NV : nv_rt, group = G > 0 ? G : group_rt;
   constexpr int kG = G > 0 ? G : 16;
   const int64_t chunks = (a.t + a.per_job - 1) / a.per_job;
   const int64_t bi = job / (a.hkv * chunks), kvh = (job / chunks) % a.hkv, t0 = (job % chunks) * a.per_job;
   const int64_t nq = std::min(a.per_job, a.t - t0);
-  const float* kb = a.kp + bi * a.ks0 + kvh * a.ks1;
-  const float* vb = a.vp + bi * a.vs0 + kvh * a.vs1;
+  const KV* kb = static_cast<const KV*>(a.kp) + bi * a.ks0 + kvh * a.ks1;
+  const KV* vb = static_cast<const KV*>(a.vp) + bi * a.vs0 + kvh * a.vs1;
   const int64_t hd = group * a.d;  // one query's accumulators
   int64_t n[kMaxPerJob];           // visible slots per query
   int64_t shared = a.s;            // compacted positions every query of the job agrees on
@@ -183,11 +211,12 @@ void attend_job(const Args& a, int64_t job, int64_t nv_rt, int64_t group_rt, Scr
   // Scores: blocks of 16 compacted slots inside the shared prefix are read once for every query; the rest
   // of each query's list on its own. Either way a block is the same 16 slots in the same lanes.
   const int64_t shared_blocks = shared / 16 * 16;
-  const float* kr[16];
+  const float* kr[kValueChunk];
+  thread_local std::vector<float> tl;
+  if (tl.size() < size_t(kValueChunk * a.d + 16)) tl.resize(kValueChunk * a.d + 16);
+  float* tmp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(tl.data()) + 63) & ~uintptr_t(63));
   for (int64_t j = 0; j < shared_blocks; j += 16) {
-    const int32_t* s0 = w.seen.data() + j;
-#pragma GCC unroll 16
-    for (int l = 0; l < 16; ++l) kr[l] = kb + s0[l] * a.ks2;
+    stage_rows<KV>(kb, a.ks2, w.seen.data() + j, 16, a.d, tmp, kr);
     for (int64_t qi = 0; qi < nq; ++qi)
       score_block<NV, G>(kr, &w.q[qi * group * nv], nv, group, &w.p[qi * group * a.s_pad + j], a.s_pad, 0xFFFF,
                          &best[qi * group]);
@@ -196,8 +225,8 @@ void attend_job(const Args& a, int64_t job, int64_t nv_rt, int64_t group_rt, Scr
     const int32_t* sp = w.seen.data() + qi * a.s_pad;
     for (int64_t j = shared_blocks; j < n[qi]; j += 16) {
       const int64_t m = std::min<int64_t>(16, n[qi] - j);
-#pragma GCC unroll 16
-      for (int l = 0; l < 16; ++l) kr[l] = kb + sp[j + (l < m ? l : m - 1)] * a.ks2;  // past the end: repeats, masked off
+      stage_rows<KV>(kb, a.ks2, sp + j, m, a.d, tmp, kr);
+      for (int64_t l = m; l < 16; ++l) kr[l] = kr[m - 1];  // past the end: repeats, masked off
       score_block<NV, G>(kr, &w.q[qi * group * nv], nv, group, &w.p[qi * group * a.s_pad + j], a.s_pad,
                          first_lanes(m), &best[qi * group]);
     }
@@ -220,16 +249,20 @@ void attend_job(const Args& a, int64_t job, int64_t nv_rt, int64_t group_rt, Scr
   // Weighted sums over values, slot by slot: shared value rows a chunk at a time for every query, then each
   // query's own tail.
   std::fill(w.acc.begin(), w.acc.begin() + nq * hd, 0.0f);
+  const float** vr = kr;
   for (int64_t j = 0; j < shared; j += kValueChunk) {
     const int64_t j1 = std::min(shared, j + kValueChunk);
+    stage_rows<KV>(vb, a.vs2, w.seen.data() + j, j1 - j, a.d, tmp, vr);
     for (int64_t qi = 0; qi < nq; ++qi)
-      value_range<NV, G>(vb, a.vs2, w.seen.data(), &w.p[qi * group * a.s_pad], a.s_pad, j, j1, nv, group,
-                         &w.acc[qi * hd]);
+      value_range<NV, G>(vr, &w.p[qi * group * a.s_pad], a.s_pad, j, j1, nv, group, &w.acc[qi * hd]);
   }
   for (int64_t qi = 0; qi < nq; ++qi) {
-    if (n[qi] > shared)
-      value_range<NV, G>(vb, a.vs2, w.seen.data() + qi * a.s_pad, &w.p[qi * group * a.s_pad], a.s_pad, shared,
-                         n[qi], nv, group, &w.acc[qi * hd]);
+    const int32_t* sp = w.seen.data() + qi * a.s_pad;
+    for (int64_t j = shared; j < n[qi]; j += kValueChunk) {
+      const int64_t j1 = std::min(n[qi], j + kValueChunk);
+      stage_rows<KV>(vb, a.vs2, sp + j, j1 - j, a.d, tmp, vr);
+      value_range<NV, G>(vr, &w.p[qi * group * a.s_pad], a.s_pad, j, j1, nv, group, &w.acc[qi * hd]);
+    }
     for (int64_t g = 0; g < group; ++g) {
       float* orow = a.op + ((bi * a.t + t0 + qi) * a.h + kvh * group + g) * a.d;
       const float* src = &w.acc[qi * hd + g * a.d];
@@ -243,22 +276,26 @@ using JobFn = void (*)(const Args&, int64_t, int64_t, int64_t, Scratch&);
 
 // Head dims 64 and 128 with up to 8 query heads per KV head (Llama, Qwen, SmolLM shapes) run compiled for
 // their shape; anything else runs the same code with its sizes read at run time.
+template <typename KV>
 JobFn pick_job(int64_t nv, int64_t group) {
-  static constexpr JobFn d64[9] = {nullptr, attend_job<4, 1>, attend_job<4, 2>, attend_job<4, 3>, attend_job<4, 4>,
-                                   attend_job<4, 5>, attend_job<4, 6>, attend_job<4, 7>, attend_job<4, 8>};
-  static constexpr JobFn d128[9] = {nullptr, attend_job<8, 1>, attend_job<8, 2>, attend_job<8, 3>,
-                                    attend_job<8, 4>, attend_job<8, 5>, attend_job<8, 6>, attend_job<8, 7>,
-                                    attend_job<8, 8>};
+  static constexpr JobFn d64[9] = {nullptr, attend_job<4, 1, KV>, attend_job<4, 2, KV>, attend_job<4, 3, KV>,
+                                   attend_job<4, 4, KV>, attend_job<4, 5, KV>, attend_job<4, 6, KV>,
+                                   attend_job<4, 7, KV>, attend_job<4, 8, KV>};
+  static constexpr JobFn d128[9] = {nullptr, attend_job<8, 1, KV>, attend_job<8, 2, KV>, attend_job<8, 3, KV>,
+                                    attend_job<8, 4, KV>, attend_job<8, 5, KV>, attend_job<8, 6, KV>,
+                                    attend_job<8, 7, KV>, attend_job<8, 8, KV>};
   if (group >= 1 && group <= 8 && nv == 4) return d64[group];
   if (group >= 1 && group <= 8 && nv == 8) return d128[group];
-  return attend_job<0, 0>;
+  return attend_job<0, 0, KV>;
 }
 
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                          const c10::optional<at::Tensor>& mask) {
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4, "row_attention: q, keys, values must be 4-D");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat &&
-              values.scalar_type() == at::kFloat, "row_attention: float32 tensors only");
+  const bool half = keys.scalar_type() == at::kHalf;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (keys.scalar_type() == at::kFloat || half) &&
+              values.scalar_type() == keys.scalar_type(),
+              "row_attention: q float32, keys and values both float32 or both float16");
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t hkv = keys.size(1), s = keys.size(2);
   TORCH_CHECK(keys.size(0) == b && values.size(0) == b && values.size(1) == hkv && values.size(2) == s &&
@@ -279,8 +316,8 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   auto qc = q.contiguous();
   auto out = at::empty({b, t, h, d}, q.options());
   a.qp = qc.data_ptr<float>();
-  a.kp = keys.data_ptr<float>();
-  a.vp = values.data_ptr<float>();
+  a.kp = keys.data_ptr();
+  a.vp = values.data_ptr();
   a.op = out.data_ptr<float>();
   a.h = h, a.t = t, a.d = d, a.hkv = hkv, a.s = s;
   a.ks0 = keys.stride(0), a.ks1 = keys.stride(1), a.ks2 = keys.stride(2);
@@ -295,13 +332,14 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   const int64_t splits = std::min<int64_t>(t, std::max<int64_t>((want + pairs - 1) / pairs, (t + kMaxPerJob - 1) / kMaxPerJob));
   a.per_job = (t + splits - 1) / splits;
   const int64_t chunks = (t + a.per_job - 1) / a.per_job;
-  const JobFn job = pick_job(nv, group);
+  const JobFn job = half ? pick_job<uint16_t>(nv, group) : pick_job<float>(nv, group);
   at::parallel_for(0, pairs * chunks, 1, [&](int64_t i0, int64_t i1) {
     Scratch w;
     w.seen.resize(a.per_job * a.s_pad);
     w.p.resize(a.per_job * group * a.s_pad);
     w.acc.resize(a.per_job * group * d);
     w.q.resize(a.per_job * group * nv);
+    if (half) w.rows.resize(kValueChunk * d);
     for (int64_t i = i0; i < i1; ++i) job(a, i, nv, group, w);
   });
   return out;
