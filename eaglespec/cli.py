@@ -159,8 +159,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         costs, measured = calibration_for(target, head, head_dir, opts, recalibrate=args.force)
     how = f"measured now in {time.perf_counter() - t0:.1f} s" if measured else "cached (--force measures again)"
-    print(f"calibration of {target.name} ({target.model.precision}, {torch.get_num_threads()} threads) with the head "
-          f"{head_dir}: {how}; cache {cache_root() / 'calibration'}")
+    kv = str(target.model.kv_dtype).removeprefix("torch.")
+    print(f"calibration of {target.name} ({target.model.precision}, {kv} KV cache, {torch.get_num_threads()} threads) "
+          f"with the head {head_dir}: {how}; cache {cache_root() / 'calibration'}")
     print(cost_table_text(costs, calibration_candidates(opts)))
     return 0
 

@@ -39,9 +39,9 @@ def add_model_args(p: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, 
                             "auto (default): bfloat16 where this CPU multiplies it clearly faster than float32 "
                             "(measured once, cached), else float32")
         p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16"],
-                       help="the target's KV cache: float16 halves what every decode step reads (eager int4 targets "
-                            "on the CPU, eaglespec's attention kernel); auto (default): float16 there, else the "
-                            "model's dtype")
+                       help="the target's KV cache: float16 halves the bytes every decode step reads from it (eager "
+                            "int8/int4 targets on the CPU, eaglespec's attention kernel); auto (default): float16 "
+                            "there, else the model's dtype")
     if compile_flag:
         p.add_argument("--compile", action="store_true",
                        help="run the target's decode and verification forwards as one compiled graph (torch.compile; "
