@@ -134,8 +134,10 @@ def test_auto_picks_float16_only_where_the_attention_kernel_reads_it():
 
 
 def test_load_target_refuses_an_unknown_kv_dtype_before_loading(tmp_path):
-    with pytest.raises(ModelLoadError, match="--kv-dtype 'float8'"):
+    with pytest.raises(ModelLoadError, match="--kv-dtype 'float8': expected one of auto, float32, float16"):
         load_target(str(tmp_path / "no-such-model"), kv_dtype="float8")
+    with pytest.raises(ModelLoadError, match="no-such-model"):  # a known name in any case passes on to the model
+        load_target(str(tmp_path / "no-such-model"), kv_dtype=" Float16 ")
 
 
 def test_the_calibration_keys_a_float16_cache_apart():

@@ -454,9 +454,10 @@ def resolve_kv_dtype(model, name: str = "auto") -> torch.dtype:
     """The KV cache dtype of a built (packed, compiled) model: ``KV_DTYPES``. float16 needs the eager CPU attention
     kernel (``eaglespec::row_attention`` reads float16 keys and values and converts them exactly); ``auto``
     picks it there and the model's own dtype everywhere else. Decoding reads every cached key and value of
-    every layer each step, so on a 2-core EPYC (docs/RUNTIME.md) a float16 cache made a whole int4 forward 4%
-    faster at batch 1 over 256 tokens, 10% at batch 4 over 200 and 16% at batch 1 over 1024 (as llama.cpp, whose
-    default cache is float16 too). Raises ValueError for an unknown name or a choice this model cannot run."""
+    every layer each step, so on a 2-core EPYC (docs/RUNTIME.md, "A float16 KV cache") a float16 cache made a
+    whole int4 forward 1.06x faster at batch 1 over 256 tokens, 1.13x at batch 4 over 200 and 1.26x at batch 1
+    over 1024 (llama.cpp's default cache is float16 too). Raises ValueError for an unknown name or a choice this
+    model cannot run."""
     key = name.strip().lower() if isinstance(name, str) else name
     if key not in KV_DTYPES:
         raise ValueError(f"--kv-dtype {name!r}: expected one of {', '.join(KV_DTYPES)}")
@@ -501,8 +502,9 @@ def load_target(
     try:
         resolve_int4_kernel(int4_kernel)  # refuse an unknown kernel, or w4a8 where it cannot run, before loading
         prompt_dtype = resolve_prompt_dtype(prompt_dtype)
-        if kv_dtype not in KV_DTYPES:
-            resolve_kv_dtype(None, kv_dtype)  # the error that names the choices
+        kv_dtype = kv_dtype.strip().lower() if isinstance(kv_dtype, str) else kv_dtype
+        if kv_dtype not in KV_DTYPES:  # refused before loading, naming the choices
+            raise ValueError(f"--kv-dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
 
