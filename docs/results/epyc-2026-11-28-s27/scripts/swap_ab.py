@@ -1,5 +1,7 @@
-# One engine, its proposer swapped in and out between groups of 4 requests (same KV cache memory for both arms):
-# per arm, the 1-token batch-4 forwards' and steps' medians, and group walls. Usage: swap_ab.py Q.jsonl T ROUNDS
+# One engine, its proposer swapped in and out between groups of 4 requests (same KV cache memory for all arms):
+# per arm, the 1-token batch-4 forwards' and steps' medians, and group walls; the arms in a rotating order per
+# group. With `hi`, a third arm: plain decoding whose forwards also collect the head's feature layers.
+# Usage: swap_ab.py Q.jsonl T ROUNDS [hi]
 import collections, statistics, sys, time
 import torch
 from eaglespec.config import GenerationConfig, SamplingParams
@@ -30,6 +32,8 @@ class Timed:
         return getattr(model, k)
 
     def __call__(self, tokens, *a, **k):
+        if arm["name"] == "vanilla_hi":
+            k["hidden_indices"] = prop.hidden_indices
         t0 = time.perf_counter()
         r = model(tokens, *a, **k)
         if arm["name"] and tokens.shape == (4, 1):
@@ -56,13 +60,17 @@ with torch.no_grad():
     walls = collections.defaultdict(float)
     for i in range(int(sys.argv[3])):
         for j in range(0, 16, 4):
-            for name in (("auto", "vanilla") if (i + j // 4) % 2 == 0 else ("vanilla", "auto")):
+            arms = ["auto", "vanilla"] + (["vanilla_hi"] if sys.argv[4:] == ["hi"] else [])
+            r0 = (i + j // 4) % len(arms)
+            for name in arms[r0:] + arms[:r0]:
                 eng.proposer = prop if name == "auto" else None
                 arm["name"] = name
                 t0 = time.perf_counter(); eng.generate(reqs[j:j + 4]); walls[name] += time.perf_counter() - t0
                 arm["name"] = None
     eng.proposer = prop
 print("walls", {k: round(v, 2) for k, v in walls.items()}, "vanilla/auto", round(walls["vanilla"] / walls["auto"], 4))
+if "vanilla_hi" in walls:
+    print("hi / auto", round(walls["vanilla_hi"] / walls["auto"], 4))
 for name in rec:
     for k, v in sorted(rec[name].items()):
         print(f"{name} {k}: n {len(v)} median {statistics.median(v)*1e3:.3f} ms mean {statistics.fmean(v)*1e3:.3f} sum {sum(v):.2f} s")
