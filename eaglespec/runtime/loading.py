@@ -450,6 +450,14 @@ def _packed_or_dtype(dtype: str | torch.dtype, device: str | torch.device) -> tu
 KV_DTYPES = ("auto", "float32", "float16")
 
 
+def _kv_key(name: str) -> str:
+    """``name`` as one of ``KV_DTYPES`` (case and spaces aside), else ValueError naming the choices."""
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in KV_DTYPES:
+        raise ValueError(f"--kv-dtype {name!r}: expected one of {', '.join(KV_DTYPES)}")
+    return key
+
+
 def resolve_kv_dtype(model, name: str = "auto") -> torch.dtype:
     """The KV cache dtype of a built (packed, compiled) model: ``KV_DTYPES``. float16 needs the eager CPU attention
     kernel (``eaglespec::row_attention`` reads float16 keys and values and converts them exactly); ``auto``
@@ -458,9 +466,7 @@ def resolve_kv_dtype(model, name: str = "auto") -> torch.dtype:
     whole int4 forward 1.06x faster at batch 1 over 256 tokens, 1.13x at batch 4 over 200 and 1.26x at batch 1
     over 1024 (llama.cpp's default cache is float16 too). Raises ValueError for an unknown name or a choice this
     model cannot run."""
-    key = name.strip().lower() if isinstance(name, str) else name
-    if key not in KV_DTYPES:
-        raise ValueError(f"--kv-dtype {name!r}: expected one of {', '.join(KV_DTYPES)}")
+    key = _kv_key(name)
     kernel = bool(getattr(model, "row_attention", False)) and model.step_graph is None and model.device.type == "cpu"
     own = model.dtype
     if key == "auto":
@@ -502,9 +508,7 @@ def load_target(
     try:
         resolve_int4_kernel(int4_kernel)  # refuse an unknown kernel, or w4a8 where it cannot run, before loading
         prompt_dtype = resolve_prompt_dtype(prompt_dtype)
-        kv_dtype = kv_dtype.strip().lower() if isinstance(kv_dtype, str) else kv_dtype
-        if kv_dtype not in KV_DTYPES:  # refused before loading, naming the choices
-            raise ValueError(f"--kv-dtype {kv_dtype!r}: expected one of {', '.join(KV_DTYPES)}")
+        kv_dtype = _kv_key(kv_dtype)  # refused before loading
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
 
