@@ -64,6 +64,22 @@ def test_rows_of_a_batch_and_views_of_a_cache_read_in_place():
     assert torch.equal(got[1:2], attention(q[1:2], k[1:2], v[1:2], None, exact_rows=True))
 
 
+def test_a_strided_query_view_is_read_in_place_with_the_same_result():
+    """The one-call layer passes q as a transposed view of its projection [B, T, H, D] -> [B, H, T, D]; the
+    kernel reads it through its strides (a last dimension that is not contiguous is copied first)."""
+    q, k, v = _case(2, 5, 30, seed=8)
+    mask = torch.rand(2, 1, 5, 35, generator=torch.Generator().manual_seed(3)) < 0.7
+    mask[..., 0] = True
+    view = q.transpose(1, 2)  # [B, H, T, D], strided
+    assert not view.is_contiguous()
+    want = torch.ops.eaglespec.row_attention(view.contiguous(), k, v, mask)
+    assert torch.equal(torch.ops.eaglespec.row_attention(view, k, v, mask), want)
+    odd = view.transpose(2, 3).contiguous().transpose(2, 3)  # the same values, last dimension strided
+    assert odd.stride(3) != 1 and torch.equal(torch.ops.eaglespec.row_attention(odd, k, v, mask), want)
+    offset = torch.cat([torch.zeros(2, 5, 1, 64), q], dim=2)[:, :, 1:].transpose(1, 2)  # a view past offset 0
+    assert torch.equal(torch.ops.eaglespec.row_attention(offset, k, v, mask), want)
+
+
 @pytest.mark.parametrize("heads,kv_heads,dim", [
     (9, 3, 64),    # compiled for its shape (head dim 64, 3 query heads per KV head)
     (8, 2, 128),   # compiled, head dim 128

@@ -77,6 +77,24 @@ def test_each_row_is_computed_as_if_it_were_alone():
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows", [1, 8, 11])
+def test_the_residual_form_adds_exactly_as_a_separate_add(rows):
+    """w4a8_mm_add (the one-call layer's residual adds, done as each tile is stored) is bit-identical to
+    residual + w4a8_mm, and refuses a residual of the wrong shape or dtype by name."""
+    q, scale, offset = _weights(64, 96, seed=5)
+    packed = w4a8.pack(q, scale, offset)
+    g = torch.Generator().manual_seed(rows)
+    x, res = torch.randn(rows, 96, generator=g), torch.randn(rows, 64, generator=g) * 4
+    want = res + torch.ops.eaglespec.w4a8_mm(x, *packed)
+    assert torch.equal(torch.ops.eaglespec.w4a8_mm_add(x, *packed, res), want)
+    assert torch.equal(torch.ops.eaglespec.w4a8_mm_add(x, *packed, res.t().contiguous().t()), want)
+    with pytest.raises(RuntimeError, match="residual must be float32"):
+        torch.ops.eaglespec.w4a8_mm_add(x, *packed, res[:, :32])
+    with pytest.raises(RuntimeError, match="residual must be float32"):
+        torch.ops.eaglespec.w4a8_mm_add(x, *packed, res.double())
+
+
+@needs_kernel
 def test_packed_linear_on_w4a8_matches_its_own_dequantized_weight():
     torch.manual_seed(0)
     w = torch.randn(80, 96) * 0.05

@@ -49,6 +49,19 @@ Tensor linear(const Tensor& x, const std::vector<Tensor>& w, const c10::optional
   return bias.has_value() ? y + *bias : y;
 }
 
+// residual + linear(x): without a bias the add runs inside the matmul as each tile is stored (w4a8_mm_add, the
+// same float32 add); with one, as the Python layer adds it, residual + (x W + bias).
+Tensor linear_add(const Tensor& x, const std::vector<Tensor>& w, const c10::optional<Tensor>& bias,
+                  const Tensor& residual) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("eaglespec::w4a8_mm_add", "")
+                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)>();
+  if (bias.has_value()) return residual + linear(x, w, bias);
+  TORCH_CHECK(w.size() == 3, "layer_step: a projection is a w4a8 triple (wq, scale, offset)");
+  const auto sizes = residual.sizes().vec();
+  return op.call(x.reshape({-1, x.size(-1)}), w[0], w[1], w[2], residual.reshape({-1, sizes.back()})).view(sizes);
+}
+
 // write_block: the new keys or values src [B, T, Hkv, D] float32 (any strides, last dim contiguous) into the cache
 // tensor dst [max_batch, Hkv, max_len, D] (float32, or float16 rounded to nearest even as torch's copy rounds) at
 // (rows[b], write_slots[b, t]).
@@ -120,11 +133,11 @@ Tensor layer_step(const Tensor& x, const c10::optional<Tensor>& attn_input, cons
     values = v_cache.index_select(0, rows_c).narrow(2, 0, n_slots);
   }
   Tensor o = attend.call(qk.narrow(2, 0, n_heads).transpose(1, 2), keys, values, mask).reshape({b, t, n_heads * d});
-  Tensor h = x + linear(o, wo, bo);
+  Tensor h = linear_add(o, wo, bo, x);
   // feed-forward
   Tensor gu = linear(norm(h, mlp_norm, eps), w13, b13);
   const int64_t inter = gu.size(-1) / 2;
-  return h + linear(silu_mul.call(gu.narrow(-1, 0, inter), gu.narrow(-1, inter, inter)), w2, b2);
+  return linear_add(silu_mul.call(gu.narrow(-1, 0, inter), gu.narrow(-1, inter, inter)), w2, b2, h);
 }
 
 }  // namespace
