@@ -21,11 +21,14 @@ pytestmark = pytest.mark.skipif(not w4a8.available(), reason=f"w4a8 kernel unava
 
 
 def _packed(family, **overrides):
+    if family == "llama_biases":  # a bias on every projection (Llama's attention_bias and mlp_bias)
+        family, overrides = "llama", {"attention_bias": True, "mlp_bias": True, **overrides}
     target, _ = tiny_target(family, **overrides)
     g = torch.Generator().manual_seed(0)
     for layer in target.model.layers:  # HF initializes biases to zero: make them count
-        if layer.bqkv is not None:
-            layer.bqkv.copy_(torch.randn(layer.bqkv.shape, generator=g) * 0.5)
+        for bias in (layer.bqkv, layer.bo, layer.b13, layer.b2):
+            if bias is not None:
+                bias.data.copy_(torch.randn(bias.shape, generator=g) * 0.5)
     pack_model(target.model, "int4", plan=KernelPlan(PACKED_ONLY), int4_kernel="w4a8")
     return target.model
 
@@ -71,7 +74,7 @@ def _forward(tokens, rows, mask=None, hidden=()):
 PROMPTS = [[5, 9, 11, 40, 7, 3, 22, 19], [8, 8, 30, 2, 61], [70, 4, 12, 12, 90, 33, 6]]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: biases on q/k/v
+@pytest.mark.parametrize("family", ["llama", "qwen2", "llama_biases"])  # qwen2: biases on q/k/v
 @pytest.mark.parametrize("case", ["decode", "tree", "rows_out_of_order", "hidden_states"])
 def test_one_call_layers_equal_the_python_layers(family, case):
     model = _packed(family)
@@ -89,6 +92,35 @@ def test_one_call_layers_equal_the_python_layers(family, case):
 def test_an_empty_cache_attends_causally_as_the_python_layers_do():
     model = _packed("llama")
     _assert_same(_both_paths(model, [], _forward([[3, 4, 5, 6]], [0])))
+
+
+def test_a_call_with_weights_that_do_not_fit_is_refused_by_name():
+    """layer_step sizes its buffers from the weights: a projection that does not fit the heads or the hidden size
+    is refused before anything is written."""
+    model = _packed("llama")
+    weights = list(model.layer_steps[0])
+    cache = model.new_cache(1, 16)
+    cos, sin = model.rotary(torch.zeros(1, 1, dtype=torch.long), torch.float32, 1)
+    x = torch.randn(1, 1, model.args.hidden_size)
+    rows, slots = torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long)
+    a = model.args
+
+    def call(ws):
+        return torch.ops.eaglespec.layer_step(x, None, *ws, cos, sin, cache.k[0], cache.v[0], rows, slots, 0, 1, None,
+                                              a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
+    assert call(weights).shape == x.shape
+    wrong = list(weights)
+    wrong[2] = [t[:-1] for t in weights[2]]  # q/k/v one tile of 16 outputs short
+    with pytest.raises(RuntimeError, match="q/k/v projection gives"):
+        call(wrong)
+    wrong = list(weights)
+    wrong[4] = weights[8]  # the down projection where the output projection goes
+    with pytest.raises(RuntimeError, match="output and down projections must give|x has"):
+        call(wrong)
+    wrong = list(weights)
+    wrong[6] = weights[6][:2]
+    with pytest.raises(RuntimeError, match="w4a8 triple"):
+        call(wrong)
 
 
 def test_layers_it_cannot_run_keep_the_python_path():

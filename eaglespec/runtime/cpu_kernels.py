@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("kernels") / name
            for name in ("w4a8.cpp", "row_attention.cpp", "rms_norm.cpp", "select.cpp", "layer_elementwise.cpp",
                         "layer_step.cpp", "verify_chain.cpp", "draft_draw.cpp")]
-HEADERS = [Path(__file__).with_name("kernels") / "row_draw.h"]  # included by the sources: part of the build id
+HEADERS = [Path(__file__).with_name("kernels") / name  # included by the sources: part of the build id
+           for name in ("row_draw.h", "layer_parts.h")]
 _REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 _FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
 

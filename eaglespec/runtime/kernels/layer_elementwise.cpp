@@ -24,6 +24,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "layer_parts.h"
+
 namespace {
 
 // silu as torch 2.13's CPU kernel computes it, x / (1 + exp(-x)) with SLEEF's exp (the one libtorch ships and
@@ -70,6 +72,28 @@ void for_items(int64_t items, int64_t grain, F&& fn) {
   }
 }
 
+}  // namespace
+
+void eaglespec_kernels::rotary_rows(const float* xp, int64_t x_b, int64_t x_t, int64_t batch, int64_t t,
+                                    int64_t heads, int64_t d, const float* cp, int64_t c_b, int64_t c_t,
+                                    const float* sp, int64_t s_b, int64_t s_t, float* yp) {
+  for_items(batch * t, 8, [&](int64_t i) {
+    const int64_t b = i / t, ti = i % t;
+    const float* c = cp + b * c_b + ti * c_t;
+    const float* s = sp + b * s_b + ti * s_t;
+    for (int64_t hd = 0; hd < heads; ++hd) rotary_row(xp + b * x_b + ti * x_t + hd * d, c, s, yp + (i * heads + hd) * d, d);
+  });
+}
+
+void eaglespec_kernels::silu_mul_rows(const float* gp, int64_t gs, const float* up, int64_t us, float* yp,
+                                      int64_t rows, int64_t n) {
+  // Split from 5 rows on: a row (I = 1536) is ~1 us of exp, more than a wake-up. 2-core Xeon, 2 threads: 8 rows
+  // 10.4 -> 8.2 us, 16 rows 16.2 -> 12.8, 1-4 rows unchanged (docs/results/xeon-2026-11-27-s15/ab-outputs.md).
+  for_items(rows, 4, [&](int64_t r) { silu_mul_row(gp + r * gs, up + r * us, yp + r * n, n); });
+}
+
+namespace {
+
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
               "rotary: float32 tensors only");
@@ -80,19 +104,14 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
                   sin.sizes() == at::IntArrayRef(table),
               "rotary: cos and sin must be expanded to [B, T, 1, D] = ", at::IntArrayRef(table), ", got ", cos.sizes(),
               " and ", sin.sizes());
-  auto xc = x.stride(3) == 1 ? x : x.contiguous();
+  // one head's values contiguous, heads at a stride of D (the layout rotary_rows reads)
+  auto xc = x.stride(3) == 1 && x.stride(2) == D ? x : x.contiguous();
   auto cc = cos.stride(3) == 1 ? cos : cos.contiguous();
   auto sc = sin.stride(3) == 1 ? sin : sin.contiguous();
   auto y = at::empty({B, T, Hn, D}, x.options());
-  const float *xp = xc.data_ptr<float>(), *cp = cc.data_ptr<float>(), *sp = sc.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for_items(B * T, 8, [&](int64_t i) {
-    const int64_t b = i / T, t = i % T;
-    const float* c = cp + b * cc.stride(0) + t * cc.stride(1);
-    const float* s = sp + b * sc.stride(0) + t * sc.stride(1);
-    for (int64_t hd = 0; hd < Hn; ++hd)
-      rotary_row(xp + b * xc.stride(0) + t * xc.stride(1) + hd * xc.stride(2), c, s, yp + (i * Hn + hd) * D, D);
-  });
+  eaglespec_kernels::rotary_rows(xc.data_ptr<float>(), xc.stride(0), xc.stride(1), B, T, Hn, D, cc.data_ptr<float>(),
+                                 cc.stride(0), cc.stride(1), sc.data_ptr<float>(), sc.stride(0), sc.stride(1),
+                                 y.data_ptr<float>());
   return y;
 }
 
@@ -106,13 +125,8 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   if (g2.stride(1) != 1) g2 = g2.contiguous();
   if (u2.stride(1) != 1) u2 = u2.contiguous();
   auto y = at::empty(gate.sizes(), gate.options());
-  const int64_t rows = g2.size(0);
-  const float *gp = g2.data_ptr<float>(), *up_ = u2.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const int64_t gs = g2.stride(0), us = u2.stride(0);
-  // Split from 5 rows on: a row (I = 1536) is ~1 us of exp, more than a wake-up. 2-core Xeon, 2 threads: 8 rows
-  // 10.4 -> 8.2 us, 16 rows 16.2 -> 12.8, 1-4 rows unchanged (docs/results/xeon-2026-11-27-s15/ab-outputs.md).
-  for_items(rows, 4, [&](int64_t r) { silu_mul_row(gp + r * gs, up_ + r * us, yp + r * n, n); });
+  eaglespec_kernels::silu_mul_rows(g2.data_ptr<float>(), g2.stride(0), u2.data_ptr<float>(), u2.stride(0),
+                                   y.data_ptr<float>(), g2.size(0), n);
   return y;
 }
 

@@ -3,9 +3,12 @@
 //
 // Why by hand: an eager decode step of the default model ran ~25 torch calls and ~20 Python frames per layer
 // around its kernels, ~2.5 of ~8.3 ms a 1-token forward on a 2-core Xeon; a call from C++ costs a fraction of
-// one from Python. Every step below is the operator the Python layer calls (our kernels through the
-// dispatcher, aten for the adds, views and the cache writes), so the result is bit-identical to it (tested);
-// the layer's shapes and options outside this path (qk norms, other kernels, prompts) stay in Python.
+// one from Python. Every step below is the computation of the operator the Python layer calls (our kernels as
+// plain functions over raw rows, layer_parts.h; the same float32 adds; the cache writes), so the result is
+// bit-identical to it (tested). Since session 28 no tensor view or intermediate tensor is made: the views and
+// reshapes through the dispatcher cost ~9.5 us a layer (~0.3 ms of a 5 ms decode forward, 2-core EPYC), and the
+// intermediate rows live in the calling thread's buffers. The layer's shapes and options outside this path (qk
+// norms, other kernels, prompts) stay in Python.
 //
 // Inputs: x float32 [B, T, H] (the residual stream); attn_input: what the q/k/v projection reads, when it is
 // not rms_norm(x, attn_norm) (a draft head's first layer, spec/heads.py); the four projections as w4a8 triples (wq, scale, offset; runtime/w4a8.py) with
@@ -15,62 +18,60 @@
 // runs over slots [0, n_slots); mask bool [B|1, 1, T, n_slots] or absent (model.plan_attention).
 #include <torch/library.h>
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Optional.h>
 #include <cstdint>
 #include <cstring>
 #include <immintrin.h>
+#include <vector>
+
+#include "layer_parts.h"
 
 namespace {
 
 using at::Tensor;
+namespace ek = eaglespec_kernels;
 
-Tensor w4a8(const Tensor& x, const std::vector<Tensor>& w) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("eaglespec::w4a8_mm", "")
-                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&)>();
-  return op.call(x, w[0], w[1], w[2]);
+// A w4a8 triple (wq, scale, offset; runtime/w4a8.py) and its optional bias.
+struct Projection {
+  const std::vector<Tensor>& w;
+  const c10::optional<Tensor>& bias;
+};
+
+// n, the output width of a projection, from its packed weight's tiles of 16 (checked before any buffer is sized
+// from it).
+int64_t width(const Projection& p) {
+  TORCH_CHECK(p.w.size() == 3 && p.w[0].dim() == 4, "layer_step: a projection is a w4a8 triple (wq, scale, offset)");
+  return p.w[0].size(0) * 16;
 }
 
-Tensor norm(const Tensor& x, const Tensor& w, double eps) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("eaglespec::rms_norm", "")
-                       .typed<Tensor(const Tensor&, const Tensor&, double)>();
-  return op.call(x, w, eps);
+// y [m, n] = x [m, k] W (+ bias), then + res [m, n] where res is given: with a bias, in the Python layer's order
+// res + (x W + bias), each a float32 add; without, the residual is added inside the matmul as each tile is stored
+// (w4a8_mm_add: the same add). Returns n.
+int64_t project(const float* x, int64_t m, int64_t k, const Projection& p, float* y, const float* res) {
+  width(p);
+  if (!p.bias.has_value()) return ek::w4a8_rows(x, m, k, p.w[0], p.w[1], p.w[2], y, res);
+  const int64_t n = ek::w4a8_rows(x, m, k, p.w[0], p.w[1], p.w[2], y, nullptr);
+  const Tensor& b = *p.bias;
+  TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == n && b.is_contiguous(),
+              "layer_step: a bias must be contiguous float32 [", n, "]");
+  const float* bp = b.data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = y[r * n + j] + bp[j];
+      y[r * n + j] = res != nullptr ? res[r * n + j] + v : v;
+    }
+  return n;
 }
 
-// PackedLinear.forward + quant.linear: rows of x [..., K] times the packed weight, plus the bias.
-Tensor linear(const Tensor& x, const std::vector<Tensor>& w, const c10::optional<Tensor>& bias) {
-  TORCH_CHECK(w.size() == 3, "layer_step: a projection is a w4a8 triple (wq, scale, offset)");
-  auto sizes = x.sizes().vec();
-  Tensor y = w4a8(x.reshape({-1, sizes.back()}), w);
-  sizes.back() = y.size(1);
-  y = y.reshape(sizes);
-  return bias.has_value() ? y + *bias : y;
-}
-
-// residual + linear(x): without a bias the add runs inside the matmul as each tile is stored (w4a8_mm_add, the
-// same float32 add); with one, as the Python layer adds it, residual + (x W + bias).
-Tensor linear_add(const Tensor& x, const std::vector<Tensor>& w, const c10::optional<Tensor>& bias,
-                  const Tensor& residual) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("eaglespec::w4a8_mm_add", "")
-                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)>();
-  if (bias.has_value()) return residual + linear(x, w, bias);
-  TORCH_CHECK(w.size() == 3, "layer_step: a projection is a w4a8 triple (wq, scale, offset)");
-  const auto sizes = residual.sizes().vec();
-  return op.call(x.reshape({-1, x.size(-1)}), w[0], w[1], w[2], residual.reshape({-1, sizes.back()})).view(sizes);
-}
-
-// write_block: the new keys or values src [B, T, Hkv, D] float32 (any strides, last dim contiguous) into the cache
-// tensor dst [max_batch, Hkv, max_len, D] (float32, or float16 rounded to nearest even as torch's copy rounds) at
-// (rows[b], write_slots[b, t]).
-void write_new(Tensor& dst, const Tensor& src, const int64_t* rows, const int64_t* slots) {
-  const int64_t b = src.size(0), t = src.size(1), hkv = src.size(2), d = src.size(3);
+// The new keys or values of rows [B] x positions [T] (head h of position (b, t) at src + b * s_b + t * s_t + h * d)
+// into the cache tensor dst [max_batch, Hkv, max_len, D] (float32, or float16 rounded to nearest even as torch's
+// copy rounds) at (rows[b], slots[b, t]).
+void write_new(Tensor& dst, const float* src, int64_t s_b, int64_t s_t, int64_t b, int64_t t, int64_t hkv,
+               const int64_t* rows, const int64_t* slots) {
+  const int64_t d = dst.size(3);
   const bool half = dst.scalar_type() == at::kHalf;
-  TORCH_CHECK(src.stride(3) == 1 && dst.stride(3) == 1 && dst.size(1) == hkv && dst.size(3) == d && d % 16 == 0 &&
+  TORCH_CHECK(dst.dim() == 4 && dst.stride(3) == 1 && dst.size(1) == hkv && d % 16 == 0 &&
               (half || dst.scalar_type() == at::kFloat), "layer_step: cache layer does not match the new keys/values");
-  const float* sp = src.data_ptr<float>();
   char* dp = static_cast<char*>(dst.data_ptr());
   const int64_t el = dst.element_size();
   for (int64_t bi = 0; bi < b; ++bi) {
@@ -80,7 +81,7 @@ void write_new(Tensor& dst, const Tensor& src, const int64_t* rows, const int64_
       const int64_t s = slots[bi * t + ti];
       TORCH_CHECK(s >= 0 && s < dst.size(2), "layer_step: cache slot ", s, " out of range");
       for (int64_t h = 0; h < hkv; ++h) {
-        const float* from = sp + bi * src.stride(0) + ti * src.stride(1) + h * src.stride(2);
+        const float* from = src + bi * s_b + ti * s_t + h * d;
         char* to = dp + (r * dst.stride(0) + h * dst.stride(1) + s * dst.stride(2)) * el;
         if (!half) {
           std::memcpy(to, from, d * sizeof(float));
@@ -94,50 +95,111 @@ void write_new(Tensor& dst, const Tensor& src, const int64_t* rows, const int64_
   }
 }
 
-Tensor layer_step(const Tensor& x, const c10::optional<Tensor>& attn_input, const Tensor& attn_norm,
+// The layer's intermediate rows, kept by the (calling) thread between steps: sized for the largest step so far.
+struct Buffers {
+  std::vector<float> normed, qkv, qk, att, h, gu, act;
+  static float* at_least(std::vector<float>& v, int64_t n) {
+    if (v.size() < static_cast<size_t>(n)) v.resize(n);
+    return v.data();
+  }
+};
+
+Tensor layer_step(const Tensor& x_in, const c10::optional<Tensor>& attn_input, const Tensor& attn_norm,
                   const Tensor& mlp_norm, std::vector<Tensor> wqkv,
                   c10::optional<Tensor> bqkv, std::vector<Tensor> wo, c10::optional<Tensor> bo,
                   std::vector<Tensor> w13, c10::optional<Tensor> b13, std::vector<Tensor> w2,
                   c10::optional<Tensor> b2, const Tensor& cos, const Tensor& sin, Tensor k_cache, Tensor v_cache,
                   const Tensor& rows, const Tensor& write_slots, int64_t row_first, int64_t n_slots,
-                  const c10::optional<Tensor>& mask, int64_t n_heads, int64_t n_kv_heads, double eps) {
-  static auto rotary = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow("eaglespec::rotary", "")
-                           .typed<Tensor(const Tensor&, const Tensor&, const Tensor&)>();
-  static auto attend = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow("eaglespec::row_attention", "")
-                           .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const c10::optional<Tensor>&)>();
-  static auto silu_mul = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("eaglespec::silu_mul", "")
-                             .typed<Tensor(const Tensor&, const Tensor&)>();
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+                  const c10::optional<Tensor>& mask, int64_t n_heads, int64_t n_kv_heads, double eps_d) {
+  TORCH_CHECK(x_in.dim() == 3 && x_in.scalar_type() == at::kFloat && x_in.device().is_cpu(),
               "layer_step: x must be float32 [B, T, H] on the CPU");
-  const int64_t b = x.size(0), t = x.size(1), d = k_cache.size(3);
+  const int64_t b = x_in.size(0), t = x_in.size(1), hid = x_in.size(2), m = b * t, d = k_cache.size(3);
+  const float eps = static_cast<float>(eps_d);
   TORCH_CHECK(rows.scalar_type() == at::kLong && rows.numel() == b && write_slots.scalar_type() == at::kLong &&
               write_slots.numel() == b * t, "layer_step: rows [B] and write_slots [B, T] must be int64");
   TORCH_CHECK(n_slots >= 1 && n_slots <= k_cache.size(2), "layer_step: n_slots out of range");
-  // attention: project, rotate q and k, store k and v, attend over the cache
-  const Tensor a = attn_input.has_value() ? *attn_input : norm(x, attn_norm, eps);
-  Tensor qkv = linear(a, wqkv, bqkv).view({b, t, n_heads + 2 * n_kv_heads, d});
-  Tensor qk = rotary.call(qkv.narrow(2, 0, n_heads + n_kv_heads), cos, sin);  // [B, T, Hq + Hkv, D]
-  Tensor v = qkv.narrow(2, n_heads + n_kv_heads, n_kv_heads);
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
+              v_cache.scalar_type() == k_cache.scalar_type(), "layer_step: k and v caches must match");
+  TORCH_CHECK(attn_norm.scalar_type() == at::kFloat && attn_norm.is_contiguous() && attn_norm.numel() == hid &&
+              mlp_norm.scalar_type() == at::kFloat && mlp_norm.is_contiguous() && mlp_norm.numel() == hid,
+              "layer_step: the norms' weights must be contiguous float32 [", hid, "]");
+  const int64_t qkv_heads = n_heads + 2 * n_kv_heads, qk_heads = n_heads + n_kv_heads;
+  TORCH_CHECK(cos.dim() == 4 && sin.dim() == 4 && cos.size(0) == b && cos.size(1) == t && cos.size(2) == 1 &&
+              cos.size(3) == d &&
+              sin.sizes() == cos.sizes() && cos.stride(3) == 1 && sin.stride(3) == 1 &&
+              cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              "layer_step: cos and sin must be float32 [B, T, 1, D] with a contiguous last dimension");
+  const Tensor x = x_in.contiguous();
   const Tensor rows_c = rows.contiguous(), slots_c = write_slots.contiguous();
-  write_new(k_cache, qk.narrow(2, n_heads, n_kv_heads), rows_c.data_ptr<int64_t>(), slots_c.data_ptr<int64_t>());
-  write_new(v_cache, v, rows_c.data_ptr<int64_t>(), slots_c.data_ptr<int64_t>());
-  Tensor keys, values;
-  if (row_first >= 0) {
-    keys = k_cache.narrow(0, row_first, b).narrow(2, 0, n_slots);
-    values = v_cache.narrow(0, row_first, b).narrow(2, 0, n_slots);
+  const int64_t* rp = rows_c.data_ptr<int64_t>();
+  const int64_t* sp = slots_c.data_ptr<int64_t>();
+  thread_local Buffers buf;
+  // attention: project, rotate q and k, store k and v, attend over the cache
+  const float* a;
+  int64_t a_width = hid;
+  Tensor ai;
+  if (attn_input.has_value()) {  // what the q/k/v projection reads instead of rms_norm(x)
+    TORCH_CHECK(attn_input->scalar_type() == at::kFloat && attn_input->dim() == 3 && attn_input->size(0) == b &&
+                attn_input->size(1) == t, "layer_step: attn_input must be float32 [B, T, K]");
+    ai = attn_input->contiguous();
+    a = ai.data_ptr<float>();
+    a_width = ai.size(2);
   } else {
-    keys = k_cache.index_select(0, rows_c).narrow(2, 0, n_slots);
-    values = v_cache.index_select(0, rows_c).narrow(2, 0, n_slots);
+    float* normed = Buffers::at_least(buf.normed, m * hid);
+    ek::rms_norm_rows(x.data_ptr<float>(), attn_norm.data_ptr<float>(), normed, m, hid, eps);
+    a = normed;
   }
-  Tensor o = attend.call(qk.narrow(2, 0, n_heads).transpose(1, 2), keys, values, mask).reshape({b, t, n_heads * d});
-  Tensor h = linear_add(o, wo, bo, x);
+  const Projection p_qkv{wqkv, bqkv}, p_o{wo, bo}, p_13{w13, b13}, p_2{w2, b2};
+  const int64_t n_qkv = width(p_qkv), inter = width(p_13) / 2;
+  TORCH_CHECK(n_qkv == qkv_heads * d, "layer_step: the q/k/v projection gives ", n_qkv, " values, the heads need ",
+              qkv_heads * d);
+  TORCH_CHECK(width(p_o) == hid && width(p_2) == hid, "layer_step: the output and down projections must give ", hid,
+              " values");
+  float* qkv = Buffers::at_least(buf.qkv, m * n_qkv);
+  project(a, m, a_width, p_qkv, qkv, nullptr);
+  float* qk = Buffers::at_least(buf.qk, m * qk_heads * d);  // [B, T, Hq + Hkv, D], rotated
+  ek::rotary_rows(qkv, t * n_qkv, n_qkv, b, t, qk_heads, d, cos.data_ptr<float>(), cos.stride(0), cos.stride(1),
+                  sin.data_ptr<float>(), sin.stride(0), sin.stride(1), qk);
+  write_new(k_cache, qk + n_heads * d, t * qk_heads * d, qk_heads * d, b, t, n_kv_heads, rp, sp);
+  write_new(v_cache, qkv + qk_heads * d, t * n_qkv, n_qkv, b, t, n_kv_heads, rp, sp);
+  ek::Attend at{};
+  at.q = qk, at.q0 = t * qk_heads * d, at.q1 = d, at.q2 = qk_heads * d;  // [B, Hq, T, D] over [B, T, Hq + Hkv, D]
+  at.k = k_cache.data_ptr(), at.v = v_cache.data_ptr(), at.half = k_cache.scalar_type() == at::kHalf;
+  at.k0 = k_cache.stride(0), at.k1 = k_cache.stride(1), at.k2 = k_cache.stride(2);
+  at.v0 = v_cache.stride(0), at.v1 = v_cache.stride(1), at.v2 = v_cache.stride(2);
+  std::vector<int64_t> gathered;
+  if (row_first >= 0) {
+    TORCH_CHECK(row_first + b <= k_cache.size(0), "layer_step: cache rows out of range");
+    gathered.resize(b);
+    for (int64_t i = 0; i < b; ++i) gathered[i] = row_first + i;
+  } else {
+    gathered.assign(rp, rp + b);  // checked by write_new
+  }
+  at.rows = gathered.data();
+  Tensor mc;
+  if (mask.has_value()) {
+    mc = mask->contiguous();
+    TORCH_CHECK(mc.scalar_type() == at::kBool && mc.dim() == 4 && (mc.size(0) == 1 || mc.size(0) == b) &&
+                mc.size(1) == 1 && mc.size(2) == t && mc.size(3) == n_slots,
+                "layer_step: mask must be bool [B|1, 1, T, n_slots]");
+    at.mask = mc.data_ptr<bool>(), at.m_b = mc.size(0) == 1 ? 0 : t * n_slots, at.m_t = n_slots;
+  }
+  float* att = Buffers::at_least(buf.att, m * n_heads * d);  // [B, T, Hq, D]
+  at.out = att;
+  at.b = b, at.h = n_heads, at.t = t, at.d = d, at.hkv = n_kv_heads, at.s = n_slots;
+  ek::row_attention_rows(at);
+  float* h = Buffers::at_least(buf.h, m * hid);
+  project(att, m, n_heads * d, p_o, h, x.data_ptr<float>());
   // feed-forward
-  Tensor gu = linear(norm(h, mlp_norm, eps), w13, b13);
-  const int64_t inter = gu.size(-1) / 2;
-  return linear_add(silu_mul.call(gu.narrow(-1, 0, inter), gu.narrow(-1, inter, inter)), w2, b2, h);
+  float* normed = Buffers::at_least(buf.normed, m * hid);
+  ek::rms_norm_rows(h, mlp_norm.data_ptr<float>(), normed, m, hid, eps);
+  float* gu = Buffers::at_least(buf.gu, m * 2 * inter);
+  project(normed, m, hid, p_13, gu, nullptr);
+  float* act = Buffers::at_least(buf.act, m * inter);
+  ek::silu_mul_rows(gu, 2 * inter, gu + inter, 2 * inter, act, m, inter);
+  Tensor out = at::empty({b, t, hid}, x.options());
+  project(act, m, inter, p_2, out.data_ptr<float>(), h);
+  return out;
 }
 
 }  // namespace

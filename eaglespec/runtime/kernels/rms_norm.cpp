@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "layer_parts.h"
+
 namespace {
 
 void norm_row(const float* x, const float* w, float* y, int64_t h, float eps) {
@@ -39,16 +41,9 @@ void norm_row(const float* x, const float* w, float* y, int64_t h, float eps) {
   }
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rms_norm: float32 tensors only");
-  TORCH_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), "rms_norm: w must be [H] for x [..., H]");
-  auto xc = x.contiguous();
-  auto wc = w.contiguous();
-  auto y = at::empty_like(xc);
-  const int64_t h = x.size(-1), rows = h == 0 ? 0 : xc.numel() / h;
-  const float *xp = xc.data_ptr<float>(), *wp = wc.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const float e = static_cast<float>(eps);
+}  // namespace
+
+void eaglespec_kernels::rms_norm_rows(const float* xp, const float* wp, float* yp, int64_t rows, int64_t h, float e) {
   if (rows <= 16) {  // decode and verification: a thread pool wake-up costs more than the rows
     for (int64_t r = 0; r < rows; ++r) norm_row(xp + r * h, wp, yp + r * h, h, e);
   } else {
@@ -56,6 +51,19 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
       for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * h, wp, yp + r * h, h, e);
     });
   }
+}
+
+namespace {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rms_norm: float32 tensors only");
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 1 && w.size(0) == x.size(-1), "rms_norm: w must be [H] for x [..., H]");
+  auto xc = x.contiguous();
+  auto wc = w.contiguous();
+  auto y = at::empty_like(xc);
+  const int64_t h = x.size(-1), rows = h == 0 ? 0 : xc.numel() / h;
+  eaglespec_kernels::rms_norm_rows(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), rows, h,
+                                   static_cast<float>(eps));
   return y;
 }
 

@@ -37,6 +37,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "layer_parts.h"
+
 namespace {
 
 // exp(x) for x <= 0 (scores minus their max), Cephes-style: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
@@ -81,6 +83,7 @@ constexpr int64_t kMaxPerJob = 16;   // queries in one job
 struct Args {
   const float* qp;
   const void *kp, *vp;  // float or float16 (uint16_t bits), per the job's KV type
+  const int64_t* rows;  // the cache row of batch row b (null: b)
   float* op;
   const bool* mp;
   int64_t h, t, d, hkv, s, s_pad, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, m_b, m_t, per_job;
@@ -172,8 +175,9 @@ void attend_job(const Args& a, int64_t job, int64_t nv_rt, int64_t group_rt, Scr
   const int64_t chunks = (a.t + a.per_job - 1) / a.per_job;
   const int64_t bi = job / (a.hkv * chunks), kvh = (job / chunks) % a.hkv, t0 = (job % chunks) * a.per_job;
   const int64_t nq = std::min(a.per_job, a.t - t0);
-  const KV* kb = static_cast<const KV*>(a.kp) + bi * a.ks0 + kvh * a.ks1;
-  const KV* vb = static_cast<const KV*>(a.vp) + bi * a.vs0 + kvh * a.vs1;
+  const int64_t row = a.rows != nullptr ? a.rows[bi] : bi;
+  const KV* kb = static_cast<const KV*>(a.kp) + row * a.ks0 + kvh * a.ks1;
+  const KV* vb = static_cast<const KV*>(a.vp) + row * a.vs0 + kvh * a.vs1;
   const int64_t hd = group * a.d;  // one query's accumulators
   int64_t n[kMaxPerJob];           // visible slots per query
   int64_t shared = a.s;            // compacted positions every query of the job agrees on
@@ -295,6 +299,42 @@ JobFn pick_job(int64_t nv, int64_t group) {
   return attend_job<0, 0, KV>;
 }
 
+}  // namespace
+
+void eaglespec_kernels::row_attention_rows(const Attend& in) {
+  const int64_t b = in.b, h = in.h, t = in.t, d = in.d, hkv = in.hkv, s = in.s;
+  TORCH_CHECK(hkv > 0 && h % hkv == 0 && d % 16 == 0 && d <= 512, "row_attention: needs H % Hkv == 0, D % 16 == 0");
+  TORCH_CHECK(s < (int64_t{1} << 31), "row_attention: at most 2^31 - 1 slots");
+  const int64_t group = h / hkv, nv = d / 16;
+  TORCH_CHECK(group <= 16, "row_attention: at most 16 query heads per KV head");
+  Args a{};
+  a.qp = in.q, a.kp = in.k, a.vp = in.v, a.rows = in.rows, a.op = in.out;
+  a.mp = in.mask, a.m_b = in.m_b, a.m_t = in.m_t;
+  a.h = h, a.t = t, a.d = d, a.hkv = hkv, a.s = s;
+  a.qs0 = in.q0, a.qs1 = in.q1, a.qs2 = in.q2;
+  a.ks0 = in.k0, a.ks1 = in.k1, a.ks2 = in.k2;
+  a.vs0 = in.v0, a.vs1 = in.v1, a.vs2 = in.v2;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  a.s_pad = (s + 15) / 16 * 16;
+  // Queries per job: enough jobs to keep every thread busy twice over, otherwise as many queries as can
+  // share each read (at most kMaxPerJob). The grouping changes no result (see the header).
+  const int64_t want = 2 * at::get_num_threads(), pairs = b * hkv;
+  const int64_t splits = std::min<int64_t>(t, std::max<int64_t>((want + pairs - 1) / pairs, (t + kMaxPerJob - 1) / kMaxPerJob));
+  a.per_job = (t + splits - 1) / splits;
+  const int64_t chunks = (t + a.per_job - 1) / a.per_job;
+  const JobFn job = in.half ? pick_job<uint16_t>(nv, group) : pick_job<float>(nv, group);
+  at::parallel_for(0, pairs * chunks, 1, [&](int64_t i0, int64_t i1) {
+    Scratch w;
+    w.seen.resize(a.per_job * a.s_pad);
+    w.p.resize(a.per_job * group * a.s_pad);
+    w.acc.resize(a.per_job * group * d);
+    w.q.resize(a.per_job * group * nv);
+    for (int64_t i = i0; i < i1; ++i) job(a, i, nv, group, w);
+  });
+}
+
+namespace {
+
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                          const c10::optional<at::Tensor>& mask) {
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4, "row_attention: q, keys, values must be 4-D");
@@ -306,50 +346,28 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& keys, const at::
   const int64_t hkv = keys.size(1), s = keys.size(2);
   TORCH_CHECK(keys.size(0) == b && values.size(0) == b && values.size(1) == hkv && values.size(2) == s &&
               keys.size(3) == d && values.size(3) == d, "row_attention: keys/values do not match q");
-  TORCH_CHECK(hkv > 0 && h % hkv == 0 && d % 16 == 0 && d <= 512, "row_attention: needs H % Hkv == 0, D % 16 == 0");
   TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "row_attention: keys/values need a contiguous last dim");
-  TORCH_CHECK(s < (int64_t{1} << 31), "row_attention: at most 2^31 - 1 slots");
-  Args a{};
+  eaglespec_kernels::Attend a{};
   at::Tensor mc;
   if (mask.has_value()) {
     mc = mask->contiguous();
     TORCH_CHECK(mc.scalar_type() == at::kBool && mc.dim() == 4 && (mc.size(0) == 1 || mc.size(0) == b) &&
                 mc.size(1) == 1 && mc.size(2) == t && mc.size(3) == s, "row_attention: mask must be bool [B|1, 1, T, S]");
-    a.mp = mc.data_ptr<bool>();
+    a.mask = mc.data_ptr<bool>();
     a.m_b = mc.size(0) == 1 ? 0 : t * s;
     a.m_t = s;
   }
-  // q is read in place through its strides: the one-call layer passes a transposed view of its projection,
+  // q is read in place through its strides: the one-call layer passed a transposed view of its projection,
   // whose copy cost ~4 us a layer at 8 tokens (0.13 ms of a 9 ms verification forward, 2-core EPYC).
   auto qc = q.stride(3) == 1 ? q : q.contiguous();
   auto out = at::empty({b, t, h, d}, q.options());
-  a.qp = qc.data_ptr<float>();
-  a.kp = keys.data_ptr();
-  a.vp = values.data_ptr();
-  a.op = out.data_ptr<float>();
-  a.h = h, a.t = t, a.d = d, a.hkv = hkv, a.s = s;
-  a.qs0 = qc.stride(0), a.qs1 = qc.stride(1), a.qs2 = qc.stride(2);
-  a.ks0 = keys.stride(0), a.ks1 = keys.stride(1), a.ks2 = keys.stride(2);
-  a.vs0 = values.stride(0), a.vs1 = values.stride(1), a.vs2 = values.stride(2);
-  const int64_t group = h / hkv, nv = d / 16;
-  TORCH_CHECK(group <= 16, "row_attention: at most 16 query heads per KV head");
-  a.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  a.s_pad = (s + 15) / 16 * 16;
-  // Queries per job: enough jobs to keep every thread busy twice over, otherwise as many queries as can
-  // share each read (at most kMaxPerJob). The grouping changes no result (see the header).
-  const int64_t want = 2 * at::get_num_threads(), pairs = b * hkv;
-  const int64_t splits = std::min<int64_t>(t, std::max<int64_t>((want + pairs - 1) / pairs, (t + kMaxPerJob - 1) / kMaxPerJob));
-  a.per_job = (t + splits - 1) / splits;
-  const int64_t chunks = (t + a.per_job - 1) / a.per_job;
-  const JobFn job = half ? pick_job<uint16_t>(nv, group) : pick_job<float>(nv, group);
-  at::parallel_for(0, pairs * chunks, 1, [&](int64_t i0, int64_t i1) {
-    Scratch w;
-    w.seen.resize(a.per_job * a.s_pad);
-    w.p.resize(a.per_job * group * a.s_pad);
-    w.acc.resize(a.per_job * group * d);
-    w.q.resize(a.per_job * group * nv);
-    for (int64_t i = i0; i < i1; ++i) job(a, i, nv, group, w);
-  });
+  a.q = qc.data_ptr<float>(), a.q0 = qc.stride(0), a.q1 = qc.stride(1), a.q2 = qc.stride(2);
+  a.k = keys.data_ptr(), a.v = values.data_ptr(), a.half = half;
+  a.k0 = keys.stride(0), a.k1 = keys.stride(1), a.k2 = keys.stride(2);
+  a.v0 = values.stride(0), a.v1 = values.stride(1), a.v2 = values.stride(2);
+  a.out = out.data_ptr<float>();
+  a.b = b, a.h = h, a.t = t, a.d = d, a.hkv = hkv, a.s = s;
+  eaglespec_kernels::row_attention_rows(a);
   return out;
 }
 

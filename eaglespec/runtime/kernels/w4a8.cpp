@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "layer_parts.h"
+
 namespace {
 
 constexpr int kGroup = 32;
@@ -110,40 +112,29 @@ constexpr int kMaxRows = 8;
 constexpr TileFn kTileFns[9] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
                                            tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
 
-// x float32 [M, K]; returns float32 [M, N]: x times the weight, plus `residual` [M, N] where given.
-at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& scale, const at::Tensor& zero,
-                       const at::Tensor* residual) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w4a8_mm: x must be float32 [M, K]");
+}  // namespace
+
+int64_t eaglespec_kernels::w4a8_rows(const float* xp, int64_t m, int64_t k, const at::Tensor& wq,
+                                     const at::Tensor& scale, const at::Tensor& zero, float* yp, const float* rp) {
   TORCH_CHECK(wq.dim() == 4 && wq.scalar_type() == at::kByte && wq.size(2) == 4 && wq.size(3) == 64,
               "w4a8_mm: wq must be uint8 [N/16, K/32, 4, 64]");
-  const int64_t m = x.size(0), k = x.size(1), tiles = wq.size(0), groups = wq.size(1), n = tiles * kTile;
+  const int64_t tiles = wq.size(0), groups = wq.size(1), n = tiles * kTile;
   TORCH_CHECK(k == groups * kGroup, "w4a8_mm: x has ", k, " columns, the weight ", groups * kGroup);
   TORCH_CHECK(scale.scalar_type() == at::kHalf && zero.scalar_type() == at::kHalf &&
               scale.numel() == tiles * groups * kTile && zero.numel() == scale.numel() &&
               scale.is_contiguous() && zero.is_contiguous() && wq.is_contiguous(),
               "w4a8_mm: scale and zero must be contiguous float16 [N/16, K/32, 16]");
-  at::Tensor rc;
-  if (residual != nullptr) {
-    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->dim() == 2 && residual->size(0) == m &&
-                residual->size(1) == n, "w4a8_mm_add: residual must be float32 [M, N] = [", m, ", ", n, "]");
-    rc = residual->contiguous();
-  }
-  auto xc = x.contiguous();
-  auto y = at::empty({m, n}, x.options());
-  if (m == 0) return y;
+  if (m == 0) return n;
   // The quantized rows: int8 [M, K], then scales d [M, K/32] and d * sum(q) [M, K/32], in one buffer.
   thread_local std::vector<float> buf;
   buf.resize(static_cast<size_t>(m * (k / 4 + 2 * groups)));
   int8_t* qp = reinterpret_cast<int8_t*>(buf.data());
   float* dp = buf.data() + m * k / 4;
   float* sp = dp + m * groups;
-  const float* xp = xc.data_ptr<float>();
   for (int64_t r = 0; r < m; ++r) quantize_row(xp + r * k, k, qp + r * k, dp + r * groups, sp + r * groups);
   const uint8_t* wp = wq.data_ptr<uint8_t>();
   const uint16_t* scp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
   const uint16_t* zp = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::Half>());
-  float* yp = y.data_ptr<float>();
-  const float* rp = residual != nullptr ? rc.data_ptr<float>() : nullptr;
   at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
@@ -154,6 +145,27 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& wq, const at::Tens
       }
     }
   });
+  return n;
+}
+
+namespace {
+
+// x float32 [M, K]; returns float32 [M, N]: x times the weight, plus `residual` [M, N] where given.
+at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& wq, const at::Tensor& scale, const at::Tensor& zero,
+                       const at::Tensor* residual) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w4a8_mm: x must be float32 [M, K]");
+  TORCH_CHECK(wq.dim() == 4, "w4a8_mm: wq must be uint8 [N/16, K/32, 4, 64]");
+  const int64_t m = x.size(0), n = wq.size(0) * kTile;
+  at::Tensor rc;
+  if (residual != nullptr) {
+    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->dim() == 2 && residual->size(0) == m &&
+                residual->size(1) == n, "w4a8_mm_add: residual must be float32 [M, N] = [", m, ", ", n, "]");
+    rc = residual->contiguous();
+  }
+  auto xc = x.contiguous();
+  auto y = at::empty({m, n}, x.options());
+  eaglespec_kernels::w4a8_rows(xc.data_ptr<float>(), m, x.size(1), wq, scale, zero, y.data_ptr<float>(),
+                               residual != nullptr ? rc.data_ptr<float>() : nullptr);
   return y;
 }
 
