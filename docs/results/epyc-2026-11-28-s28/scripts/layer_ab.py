@@ -1,0 +1,75 @@
+# The one-call decoder layer before and after session 28, in one process: the layer_step.cpp of BASE (views and
+# intermediate tensors through the dispatcher, residual adds as separate operators) is built under its own op
+# namespace next to the current kernels and swapped into the default int4 target's forward, arms alternating.
+# Both arms call the current attention kernel (which reads q in place: its own saving is fuse_ab.py's part 1).
+# Medians of 40 rounds after 8 of one forward of every (batch, N), logits at every position and their argmax
+# read back, float16 cache, 2 threads. The first lines check that both give the same logits bit for bit.
+#   python layer_ab.py
+import statistics, subprocess, tempfile, time
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import load
+
+from eaglespec.runtime import allocator, cpu_kernels, model as model_mod
+from eaglespec.runtime.loading import load_target
+
+BASE = "e079b43"  # main before session 28
+ROOT = Path(__file__).resolve().parents[4]
+allocator.tune()
+torch.set_num_threads(2)
+print("cpu:", cpu_kernels.cpuinfo("model name"), "| torch", torch.__version__)
+m = load_target(None).model  # loads (builds) the current kernels first
+src = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASE}:eaglespec/runtime/kernels/layer_step.cpp"],
+                     check=True, capture_output=True, text=True).stdout
+src = src.replace("TORCH_LIBRARY_FRAGMENT(eaglespec, ", "TORCH_LIBRARY(eaglespec_base, ")
+src = src.replace("TORCH_LIBRARY_IMPL(eaglespec, ", "TORCH_LIBRARY_IMPL(eaglespec_base, ")
+tmp = Path(tempfile.mkdtemp())
+(tmp / "layer_step_base.cpp").write_text(src)
+load(name="layer_step_base", sources=[str(tmp / "layer_step_base.cpp")], extra_cflags=["-O3", "-mavx512f", "-mf16c"],
+     build_directory=str(tmp), is_python_module=False, verbose=False)
+ops = {"before": torch.ops.eaglespec_base.layer_step, "after": torch.ops.eaglespec.layer_step}
+call = model_mod.LayerStepCall.__call__
+
+
+def use(name):
+    op = ops[name]
+
+    def __call__(self, weights, x, cache, i, attn_input=None):
+        p = self.plan
+        return op(x, attn_input, *weights, self.cos, self.sin, cache.k[i], cache.v[i], p.rows, p.write_slots,
+                  self.first, p.n_slots, self.mask, *self.shape)
+    model_mod.LayerStepCall.__call__ = __call__
+
+
+cases = [(1, 256, 1), (1, 256, 2), (1, 256, 4), (1, 256, 8), (4, 200, 1), (4, 200, 2), (4, 200, 4)]
+g = torch.Generator().manual_seed(0)
+setups = {}
+with torch.inference_mode():
+    for B, P, N in cases:
+        cache = m.new_cache(B, P + 16)
+        m(torch.randint(0, 49152, (B, P), generator=g), torch.arange(P).repeat(B, 1), cache, prefill=True)
+        cache.lengths[:] = P
+        setups[(B, N)] = (cache, torch.randint(0, 49152, (B, N), generator=g), torch.arange(P, P + N).repeat(B, 1))
+    for k, (cache, toks, pos) in setups.items():
+        outs = []
+        for name in ops:
+            use(name)
+            outs.append(m(toks, pos, cache, logits_at="all").logits)
+        print(f"B={k[0]} N={k[1]} logits bit-identical:", torch.equal(*outs))
+    ts = {(name, k): [] for name in ops for k in setups}
+    for r in range(48):
+        for name in (list(ops) if r % 2 == 0 else list(ops)[::-1]):
+            use(name)
+            for k, (cache, toks, pos) in setups.items():
+                t0 = time.perf_counter()
+                m(toks, pos, cache, logits_at="all").logits.argmax(-1).tolist()
+                if r >= 8:
+                    ts[(name, k)].append(time.perf_counter() - t0)
+print("\n| batch | N | before (ms) | after (ms) | before / after |\n|---|---|---|---|---|")
+for k in setups:
+    a, b = (statistics.median(ts[(name, k)]) * 1e3 for name in ops)
+    print(f"| {k[0]} | {k[1]} | {a:.3f} | {b:.3f} | {a / b:.3f}x |")
+for name in ops:
+    one, eight = (statistics.median(ts[(name, (1, n))]) for n in (1, 8))
+    print(f"{name}: forward(8) / forward(1) at batch 1 = {eight / one:.2f}")
