@@ -11,6 +11,7 @@ import torch
 from helpers import tiny_target
 
 from eaglespec.runtime import w4a8
+from eaglespec.runtime.model import layer_steps_weights
 from eaglespec.runtime.pack import pack_model
 from eaglespec.runtime.quant import KernelPlan
 from eaglespec.spec.tree import tree_mask
@@ -121,6 +122,20 @@ def test_a_call_with_weights_that_do_not_fit_is_refused_by_name():
     wrong[6] = weights[6][:2]
     with pytest.raises(RuntimeError, match="w4a8 triple"):
         call(wrong)
+    # every layer in one call: the flat weights, the caches with their layer dimension, the layers to keep
+    flat = layer_steps_weights(model.layer_steps)
+
+    def steps(ws, k=cache.k, v=cache.v, keep=()):
+        return torch.ops.eaglespec.layer_steps(x, ws, cos, sin, k, v, rows, slots, 0, 1, None, a.num_attention_heads,
+                                               a.num_key_value_heads, a.rms_norm_eps, list(keep))
+    outs = steps(flat, keep=[0, a.num_hidden_layers - 1])
+    assert len(outs) == 3 and outs[2] is not outs[1] and torch.equal(outs[0], outs[2])
+    with pytest.raises(RuntimeError, match="18 tensors a layer"):
+        steps(flat[:-1])
+    with pytest.raises(RuntimeError, match="caches must be"):
+        steps(flat, k=cache.k[0], v=cache.v[0])
+    with pytest.raises(RuntimeError, match="no layer 9 to keep"):
+        steps(flat, keep=[9])
 
 
 def test_layers_it_cannot_run_keep_the_python_path():

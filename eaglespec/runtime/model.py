@@ -650,6 +650,19 @@ def layer_step_table(dtype: torch.dtype, device: torch.device, layers: Iterable[
     return steps
 
 
+def layer_steps_weights(steps: Sequence[tuple]) -> list[Tensor]:
+    """The per-layer weights of ``layer_step_table`` as one flat list, as ``eaglespec::layer_steps`` (every layer
+    in one call) takes them: per layer the two norms, then each projection's w4a8 triple and its bias (an empty
+    tensor for none): 18 tensors a layer."""
+    none = torch.empty(0)
+    flat: list[Tensor] = []
+    for attn_norm, mlp_norm, wqkv, bqkv, wo, bo, w13, b13, w2, b2 in steps:
+        flat += [attn_norm, mlp_norm]
+        for triple, bias in ((wqkv, bqkv), (wo, bo), (w13, b13), (w2, b2)):
+            flat += [*triple, none if bias is None else bias]
+    return flat
+
+
 class LayerStepCall:
     """What every ``eaglespec::layer_step`` call of one forward shares (the attention plan, the rotary tables, the
     shapes); ``call(weights, x, cache, i, attn_input=None)`` runs layer i: the same numbers as ``decoder_layer``
@@ -760,6 +773,7 @@ class Transformer(nn.Module):
         # bit-identical to decoder_layer), for the eager decode and verification forwards of a w4a8-packed model;
         # set by runtime.pack.pack_model (``layer_step_args``), dropped when the weights move (``_apply``).
         self.layer_steps: list[tuple] | None = None
+        self._steps_flat: tuple[list[tuple], list[Tensor]] | None = None  # layer_steps_weights(layer_steps)
         self.precision = "float32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
         self.int4_kernel: str | None = None  # packed int4: "w4a8" or "torch" (runtime.quant.INT4_KERNELS)
         # The dtype prompt rows are multiplied in: the model's own, or for packed models the dense copy's
@@ -774,7 +788,7 @@ class Transformer(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001 - torch's signature
-        self.layer_steps = None  # they hold the old tensors
+        self.layer_steps = self._steps_flat = None  # they hold the old tensors
         return super()._apply(fn, recurse)
 
     @property
@@ -964,16 +978,21 @@ class Transformer(nn.Module):
 
     def _layer_steps(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, plan: AttentionPlan,
                      wanted: set[int], saved: dict[int, Tensor]) -> Tensor:
-        """The layers as ``eaglespec::layer_step`` calls (``layer_steps``): what ``decoder_layer`` computes with
-        ``cached_attention``'s row-independent attention, bit for bit. Returns the last layer's residual stream
-        and leaves the one after layer i + 1 in ``saved`` where wanted."""
+        """The layers (``layer_steps``) in one ``eaglespec::layer_steps`` call, each as ``eaglespec::layer_step``
+        computes it: what ``decoder_layer`` computes with ``cached_attention``'s row-independent attention, bit
+        for bit. Returns the last layer's residual stream and leaves the one after layer i + 1 in ``saved``
+        where wanted."""
         a = self.args
         call = LayerStepCall(plan, x.shape[1], rope, a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
-        for i, weights in enumerate(self.layer_steps):
-            x = call(weights, x, cache, i)
-            if i + 1 in wanted:
-                saved[i + 1] = x
-        return x
+        if self._steps_flat is None or self._steps_flat[0] is not self.layer_steps:  # built once per layer_steps
+            self._steps_flat = (self.layer_steps, layer_steps_weights(self.layer_steps))
+        keep = sorted(i for i in wanted if i >= 1)
+        p = plan
+        outs = torch.ops.eaglespec.layer_steps(x, self._steps_flat[1], call.cos, call.sin, cache.k, cache.v, p.rows,
+                                               p.write_slots, call.first, p.n_slots, call.mask, *call.shape,
+                                               [i - 1 for i in keep])
+        saved.update(zip(keep, outs[1:]))
+        return outs[0]
 
     def layer_step_args(self) -> list[tuple] | None:
         """Per layer, the weights ``eaglespec::layer_step`` takes (``layer_step_table``; layers with q/k norms
