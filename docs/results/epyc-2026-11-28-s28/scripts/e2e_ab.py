@@ -2,18 +2,17 @@
 # shipped head, float16 cache, 2 threads):   python e2e_ab.py QUESTIONS.jsonl PER_CATEGORY BATCH [PASSES]
 # First turns (PER_CATEGORY a category), 128 greedy tokens each (EOS ignored), at batch BATCH. Four arms: plain
 # decoding and the chain of 1, each with the layer of BASE ("before": layer_step.cpp of BASE built under its own
-# op namespace, called once a layer from Python for the target and the head, as BASE did) and with the current
+# op namespace by base_layer.py, called once a layer from Python for the target and the head, as BASE did) and with the current
 # one ("after": every target layer in one call, the head's layers through the current layer_step). All arms use
 # the current attention and matmul kernels, so the q copy BASE's attention made is not in "before" (fuse_ab.py).
 # Each pass runs every arm over every group of BATCH prompts, the arms in a rotating order per group; the first
 # group of the first pass is a warm-up and not counted. Printed: per arm wall tok/s (prompt included) and the
 # decode steps' tok/s, after / before per method, and whether every arm's greedy output equals plain "after".
-import collections, subprocess, sys, tempfile, time
-from pathlib import Path
+import collections, sys, time
 
 import torch
-from torch.utils.cpp_extension import load
 
+from base_layer import build_base_op, per_layer
 from eaglespec.config import GenerationConfig
 from eaglespec.datasets import encode_messages, load_questions
 from eaglespec.engine.generate import Engine, Request
@@ -21,40 +20,21 @@ from eaglespec.runtime import allocator, cpu_kernels, model as model_mod
 from eaglespec.runtime.loading import load_target
 from eaglespec.spec.speculative import DraftOptions, build_proposer
 
-BASE = "e079b43"  # main before session 28
-ROOT = Path(__file__).resolve().parents[4]
 allocator.tune()
 torch.set_num_threads(2)
 print("cpu:", cpu_kernels.cpuinfo("model name"), "| torch", torch.__version__)
 path, per_cat, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 passes = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 target = load_target(None)
-src = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASE}:eaglespec/runtime/kernels/layer_step.cpp"],
-                     check=True, capture_output=True, text=True).stdout
-src = src.replace("TORCH_LIBRARY_FRAGMENT(eaglespec, ", "TORCH_LIBRARY(eaglespec_base, ")
-src = src.replace("TORCH_LIBRARY_IMPL(eaglespec, ", "TORCH_LIBRARY_IMPL(eaglespec_base, ")
-tmp = Path(tempfile.mkdtemp())
-(tmp / "layer_step_base.cpp").write_text(src)
-load(name="layer_step_base", sources=[str(tmp / "layer_step_base.cpp")], extra_cflags=["-O3", "-mavx512f", "-mf16c"],
-     build_directory=str(tmp), is_python_module=False, verbose=False)
-base_op = torch.ops.eaglespec_base.layer_step
+base_op = build_base_op()
 after = (model_mod.Transformer._layer_steps, model_mod.LayerStepCall.__call__)
+base_layers = per_layer(base_op)  # BASE's Transformer._layer_steps
 
 
-def base_call(self, weights, x, cache, i, attn_input=None):  # BASE's LayerStepCall.__call__
+def base_call(self, weights, x, cache, i, attn_input=None):  # BASE's LayerStepCall.__call__ (the head's layers)
     p = self.plan
     return base_op(x, attn_input, *weights, self.cos, self.sin, cache.k[i], cache.v[i], p.rows, p.write_slots,
                    self.first, p.n_slots, self.mask, *self.shape)
-
-
-def base_layers(self, x, rope, cache, plan, wanted, saved):  # BASE's Transformer._layer_steps
-    a = self.args
-    call = model_mod.LayerStepCall(plan, x.shape[1], rope, a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
-    for i, weights in enumerate(self.layer_steps):
-        x = call(weights, x, cache, i)
-        if i + 1 in wanted:
-            saved[i + 1] = x
-    return x
 
 
 def use(layer):

@@ -1,54 +1,27 @@
 # The one-call decoder layer before and after session 28, in one process, three arms alternating over the
 # default int4 target's forward: "before", the layer_step.cpp of BASE (views and intermediate tensors through the
 # dispatcher, residual adds as separate operators) built under its own op namespace next to the current kernels
-# and called once a layer from Python, as BASE did; "per layer", the current layer_step (raw rows) called the
+# (base_layer.py) and called once a layer from Python, as BASE did; "per layer", the current layer_step (raw rows) called the
 # same way; "one call", the current forward (eaglespec::layer_steps: every layer in one call). All arms call the
 # current attention kernel (which reads q in place: its own saving is fuse_ab.py's part 1). Medians of 40 rounds
 # after 8 of one forward of every (batch, N), logits at every position and their argmax read back, float16
 # cache, 2 threads. The first lines check that the arms give the same logits bit for bit.
 #   python layer_ab.py
-import statistics, subprocess, tempfile, time
-from pathlib import Path
+import statistics, time
 
 import torch
-from torch.utils.cpp_extension import load
 
+from base_layer import build_base_op, per_layer
 from eaglespec.runtime import allocator, cpu_kernels, model as model_mod
 from eaglespec.runtime.loading import load_target
 
-BASE = "e079b43"  # main before session 28
-ROOT = Path(__file__).resolve().parents[4]
 allocator.tune()
 torch.set_num_threads(2)
 print("cpu:", cpu_kernels.cpuinfo("model name"), "| torch", torch.__version__)
 m = load_target(None).model  # loads (builds) the current kernels first
-src = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASE}:eaglespec/runtime/kernels/layer_step.cpp"],
-                     check=True, capture_output=True, text=True).stdout
-src = src.replace("TORCH_LIBRARY_FRAGMENT(eaglespec, ", "TORCH_LIBRARY(eaglespec_base, ")
-src = src.replace("TORCH_LIBRARY_IMPL(eaglespec, ", "TORCH_LIBRARY_IMPL(eaglespec_base, ")
-tmp = Path(tempfile.mkdtemp())
-(tmp / "layer_step_base.cpp").write_text(src)
-load(name="layer_step_base", sources=[str(tmp / "layer_step_base.cpp")], extra_cflags=["-O3", "-mavx512f", "-mf16c"],
-     build_directory=str(tmp), is_python_module=False, verbose=False)
-base_op = torch.ops.eaglespec_base.layer_step
+base_op = build_base_op()
 step_op = torch.ops.eaglespec.layer_step
 one_call = model_mod.Transformer._layer_steps
-
-
-def per_layer(op):
-    def _layer_steps(self, x, rope, cache, plan, wanted, saved):  # BASE's loop: one op call a layer
-        a = self.args
-        call = model_mod.LayerStepCall(plan, x.shape[1], rope, a.num_attention_heads, a.num_key_value_heads,
-                                       a.rms_norm_eps)
-        for i, weights in enumerate(self.layer_steps):
-            x = op(x, None, *weights, call.cos, call.sin, cache.k[i], cache.v[i], plan.rows, plan.write_slots,
-                   call.first, plan.n_slots, call.mask, *call.shape)
-            if i + 1 in wanted:
-                saved[i + 1] = x
-        return x
-    return _layer_steps
-
-
 ops = {"before": per_layer(base_op), "per layer": per_layer(step_op), "one call": one_call}
 
 
