@@ -81,7 +81,8 @@ void eaglespec_kernels::rotary_rows(const float* xp, int64_t x_b, int64_t x_t, i
     const int64_t b = i / t, ti = i % t;
     const float* c = cp + b * c_b + ti * c_t;
     const float* s = sp + b * s_b + ti * s_t;
-    for (int64_t hd = 0; hd < heads; ++hd) rotary_row(xp + b * x_b + ti * x_t + hd * d, c, s, yp + (i * heads + hd) * d, d);
+    for (int64_t hd = 0; hd < heads; ++hd)
+      rotary_row(xp + b * x_b + ti * x_t + hd * d, c, s, yp + (i * heads + hd) * d, d);
   });
 }
 

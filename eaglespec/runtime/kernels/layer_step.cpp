@@ -106,8 +106,9 @@ void write_new(const Cache& c, char* dst, const float* src, int64_t s_b, int64_t
           continue;
         }
         for (int64_t j = 0; j < d; j += 16)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(to) + j / 16,
-                              _mm512_cvtps_ph(_mm512_loadu_ps(from + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+          _mm256_storeu_si256(
+              reinterpret_cast<__m256i*>(to) + j / 16,
+              _mm512_cvtps_ph(_mm512_loadu_ps(from + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       }
 }
 
@@ -226,8 +227,9 @@ struct StepArgs {
     st.rows = rp, st.slots = sp, st.attend_rows = attend_rows.data();
     if (mask.has_value()) {
       mask_c = mask->contiguous();
-      TORCH_CHECK(mask_c.scalar_type() == at::kBool && mask_c.dim() == 4 && (mask_c.size(0) == 1 || mask_c.size(0) == b) &&
-                  mask_c.size(1) == 1 && mask_c.size(2) == t && mask_c.size(3) == n_slots,
+      TORCH_CHECK(mask_c.scalar_type() == at::kBool && mask_c.dim() == 4 &&
+                  (mask_c.size(0) == 1 || mask_c.size(0) == b) && mask_c.size(1) == 1 && mask_c.size(2) == t &&
+                  mask_c.size(3) == n_slots,
                   "layer_step: mask must be bool [B|1, 1, T, n_slots]");
       st.mask = mask_c.data_ptr<bool>(), st.m_b = mask_c.size(0) == 1 ? 0 : t * n_slots, st.m_t = n_slots;
     }

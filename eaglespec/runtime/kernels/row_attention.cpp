@@ -24,8 +24,9 @@
 // invariance holds.
 //
 // Shapes: q [B, H, T, D] float32; keys, values [B, Hkv, S, D] float32 or both float16; each with its last
-// dimension contiguous and any other strides (views of the cache and of a projection are read in place); mask bool [B or 1, 1, T, S] (true = may attend) or
-// absent (every slot visible); H a multiple of Hkv, D a multiple of 16. Returns [B, T, H, D] float32.
+// dimension contiguous and any other strides (views of the cache and of a projection are read in place); mask
+// bool [B or 1, 1, T, S] (true = may attend) or absent (every slot visible); H a multiple of Hkv, D a multiple of
+// 16. Returns [B, T, H, D] float32.
 #include <immintrin.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
