@@ -34,6 +34,23 @@ def test_cost_table_interpolates_and_extrapolates_along_tokens():
     assert t.verify_cost(3, 1) == 10.0  # nearest measured batch at or below
 
 
+def test_remembered_prices_are_the_prices_and_a_derived_table_prices_afresh():
+    """verify_cost remembers each (batch, n) on first use (the dispatcher asks every step): asked in any order, or
+    again, it gives what a fresh table gives; a table derived from it (the sampled one) prices with its own
+    overhead, not the remembered one."""
+    def table():
+        return CostTable({(1, 1): 0.010, (1, 4): 0.016, (4, 1): 0.030, (4, 2): 0.040}, {}, overhead={1: 0.001, 4: 0.002},
+                         context={(1, 1): 1e-5, (1, 4): 3e-5}, prefix=100, sampled_overhead={1: 0.005})
+    asks = [(1, 1, None), (1, 2, 300.0), (3, 2, None), (4, 8, 50.0), (9, 1, 200.0), (1, 6, 0.0), (1, 1, 250.0)]
+    fresh = [table().verify_cost(b, n, c) for b, n, c in asks]
+    used = table()
+    assert [used.verify_cost(b, n, c) for b, n, c in asks] == fresh
+    assert [used.verify_cost(b, n, c) for b, n, c in reversed(asks)] == fresh[::-1]
+    assert fresh[0] == pytest.approx(0.011) and fresh[1] == pytest.approx(0.012 + 0.001 + (1e-5 + 2e-5 / 3) * 200)
+    assert fresh[2] == pytest.approx(0.012 + 0.001)  # batch 3 priced at batch 1, the nearest measured below
+    assert used.for_sampled().verify_cost(1, 1) == pytest.approx(0.015)
+
+
 def test_engine_overhead_is_paid_by_every_step_and_can_flip_the_choice():
     # Bare forwards: a 2-node chain costs 1.2x a plain step plus 1 ms of drafting; accepted 30% of the time it
     # breaks even (1.3 * 10 / 13 = 1.0) and is not chosen. The engine adds 3 ms to every step, drafting or not

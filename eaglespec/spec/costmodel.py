@@ -96,6 +96,12 @@ class CostTable:
     envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     context_envelope: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
     _context_batches: frozenset[int] = field(init=False, repr=False, compare=False)
+    _batches: list[int] = field(init=False, repr=False, compare=False)
+    # (batch, n) -> (verify cost at the prefix incl. overhead, per-token context slope or None), and batch ->
+    # the measured batch size that prices it: filled on first use. The dispatcher asks these every step (the
+    # cost feedback prices each step); recomputed each time they cost ~20 us a paused step in Python.
+    _verify_memo: dict[tuple[int, int], tuple[float, float | None]] = field(init=False, repr=False, compare=False)
+    _batch_memo: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.envelope = _envelope(self.verify)
@@ -103,12 +109,18 @@ class CostTable:
         # bounds a smaller one's) and never negative
         self.context_envelope = {k: max(0.0, s) for k, s in _envelope(self.context).items()}
         self._context_batches = frozenset(b for b, _ in self.context_envelope)
+        self._batches = sorted({k[0] for k in self.verify})
+        self._verify_memo, self._batch_memo = {}, {}
 
     def verify_cost(self, batch: int, n: int, context: float | None = None) -> float:
-        b = self._batch(batch)
-        cost = _along_n(self.envelope, b, n) + self.overhead.get(b, 0.0)
-        if context is not None and b in self._context_batches:
-            cost += _along_n(self.context_envelope, b, n) * (context - self.prefix)
+        memo = self._verify_memo.get((batch, n))
+        if memo is None:
+            b = self._batch(batch)
+            slope = _along_n(self.context_envelope, b, n) if b in self._context_batches else None
+            memo = self._verify_memo[(batch, n)] = (_along_n(self.envelope, b, n) + self.overhead.get(b, 0.0), slope)
+        cost, slope = memo
+        if context is not None and slope is not None:
+            cost += slope * (context - self.prefix)
         return max(cost, 0.0)
 
     def implausible(self, factor: float = 5.0, slack: float = 0.005, paused_share: float = 0.08,
@@ -164,8 +176,11 @@ class CostTable:
 
     def _batch(self, batch: int) -> int:
         """The nearest measured batch size at or below ``batch`` (or the smallest)."""
-        bs = sorted({k[0] for k in self.verify})
-        return max((b for b in bs if b <= batch), default=bs[0])
+        b = self._batch_memo.get(batch)
+        if b is None:
+            bs = self._batches
+            b = self._batch_memo[batch] = max((x for x in bs if x <= batch), default=bs[0])
+        return b
 
 
 def _envelope(table: Mapping[tuple[int, int], float]) -> dict[tuple[int, int], float]:
