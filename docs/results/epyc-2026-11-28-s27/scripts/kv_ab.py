@@ -6,7 +6,7 @@
 # rotating order per group; the first group of the first pass is a warm-up and not counted. Printed: per arm the
 # wall tok/s (prompt included) and the decode steps' tok/s, float16 / float32 per method, auto's tree shares,
 # and whether each float16 arm's greedy output equals the float16 plain one (lossless) and the float32 one.
-import collections, sys, time
+import sys
 
 import torch
 
@@ -14,6 +14,7 @@ from eaglespec.config import GenerationConfig
 from eaglespec.datasets import encode_messages, load_questions
 from eaglespec.engine.calibrate import build_calibrated_proposer
 from eaglespec.engine.generate import Engine, Request
+from eaglespec.measure.ab import rotate_arms
 from eaglespec.runtime import allocator, cpu_kernels
 from eaglespec.runtime.loading import load_target
 from eaglespec.spec.speculative import DraftOptions
@@ -35,36 +36,27 @@ for kv in (torch.float32, torch.float16):
     arms[f"vanilla/{name}"] = Engine(target, None, max_batch_size=batch)
     arms[f"auto/{name}"] = Engine(target, build_calibrated_proposer(target, DraftOptions()), max_batch_size=batch)
     kv_of[f"vanilla/{name}"] = kv_of[f"auto/{name}"] = kv
-wall, decode_s, tokens, outputs, rounds = (collections.defaultdict(float), collections.defaultdict(float),
-                                           collections.defaultdict(int), {}, collections.defaultdict(collections.Counter))
-names = list(arms)
+
+
+def use(name):
+    target.model.kv_dtype = kv_of[name]  # read when the engine (re)allocates its cache
+
+
+def check(name):
+    assert arms[name].cache.k.dtype == kv_of[name]
+
+
 with torch.inference_mode():
-    for p in range(passes):
-        for gi, g in enumerate(range(0, len(reqs), batch)):
-            group = reqs[g:g + batch]
-            k = (p * 7 + gi) % len(names)
-            for name in names[k:] + names[:k]:
-                target.model.kv_dtype = kv_of[name]  # read when the engine (re)allocates its cache
-                t0 = time.perf_counter()
-                done = arms[name].generate(group)
-                dt = time.perf_counter() - t0
-                assert arms[name].cache.k.dtype == kv_of[name]
-                for i, c in enumerate(done):
-                    outputs.setdefault(name, {})[g + i] = c.token_ids
-                if p == 0 and gi == 0:
-                    continue  # warm-up
-                wall[name] += dt
-                decode_s[name] += max(c.stats.draft_s + c.stats.verify_s for c in done)
-                tokens[name] += sum(len(c.token_ids) for c in done)
-                for c in done:
-                    rounds[name].update(c.stats.tree_rounds or {})
+    tot = rotate_arms(arms, reqs, batch, passes, before=use, after=check)  # eaglespec.measure.ab's protocol
+names = list(arms)
 for name in names:
-    print(f"{name:16s} wall {tokens[name] / wall[name]:7.1f} tok/s  decode {tokens[name] / decode_s[name]:7.1f} tok/s"
-          + (f"  rounds {dict(rounds[name])}" if rounds[name] else ""))
+    t = tot[name]
+    print(f"{name:16s} wall {t.tokens / t.wall_s:7.1f} tok/s  decode {t.tokens / t.decode_s:7.1f} tok/s"
+          + (f"  rounds {dict(t.rounds)}" if t.rounds else ""))
 for m in ("vanilla", "auto"):
-    print(f"{m}: float16 / float32 wall {wall[f'{m}/float32'] / wall[f'{m}/float16']:.3f}x, decode "
-          f"{decode_s[f'{m}/float32'] / decode_s[f'{m}/float16']:.3f}x")
-same = lambda a, b: sum(outputs[a][i] == outputs[b][i] for i in outputs[a])
+    print(f"{m}: float16 / float32 wall {tot[f'{m}/float32'].wall_s / tot[f'{m}/float16'].wall_s:.3f}x, decode "
+          f"{tot[f'{m}/float32'].decode_s / tot[f'{m}/float16'].decode_s:.3f}x")
+same = lambda a, b: sum(tot[a].outputs[i] == tot[b].outputs[i] for i in tot[a].outputs)
 print(f"greedy identical: auto/float16 = vanilla/float16 {same('auto/float16', 'vanilla/float16')} / {len(reqs)}; "
       f"auto/float32 = vanilla/float32 {same('auto/float32', 'vanilla/float32')} / {len(reqs)}; "
       f"vanilla/float16 = vanilla/float32 {same('vanilla/float16', 'vanilla/float32')} / {len(reqs)}")

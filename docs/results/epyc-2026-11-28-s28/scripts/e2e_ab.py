@@ -8,7 +8,7 @@
 # Each pass runs every arm over every group of BATCH prompts, the arms in a rotating order per group; the first
 # group of the first pass is a warm-up and not counted. Printed: per arm wall tok/s (prompt included) and the
 # decode steps' tok/s, after / before per method, and whether every arm's greedy output equals plain "after".
-import collections, sys, time
+import sys
 
 import torch
 
@@ -16,6 +16,7 @@ from base_layer import build_base_op, per_layer
 from eaglespec.config import GenerationConfig
 from eaglespec.datasets import encode_messages, load_questions
 from eaglespec.engine.generate import Engine, Request
+from eaglespec.measure.ab import rotate_arms
 from eaglespec.runtime import allocator, cpu_kernels, model as model_mod
 from eaglespec.runtime.loading import load_target
 from eaglespec.spec.speculative import DraftOptions, build_proposer
@@ -51,33 +52,17 @@ for method in ("vanilla", "chain1"):
     for layer in ("before", "after"):
         proposer = None if method == "vanilla" else build_proposer(target, DraftOptions(tree="chain", depth=1))
         arms[f"{method}/{layer}"] = (layer, Engine(target, proposer, max_batch_size=batch))
-wall, decode_s, tokens, outputs = (collections.defaultdict(float), collections.defaultdict(float),
-                                   collections.defaultdict(int), {})
-names = list(arms)
 with torch.inference_mode():
-    for p in range(passes):
-        for gi, g in enumerate(range(0, len(reqs), batch)):
-            group = reqs[g:g + batch]
-            k = (p * 7 + gi) % len(names)
-            for name in names[k:] + names[:k]:
-                layer, engine = arms[name]
-                use(layer)
-                t0 = time.perf_counter()
-                done = engine.generate(group)
-                dt = time.perf_counter() - t0
-                for i, c in enumerate(done):
-                    outputs.setdefault(name, {})[g + i] = c.token_ids
-                if p == 0 and gi == 0:
-                    continue  # warm-up
-                wall[name] += dt
-                decode_s[name] += max(c.stats.draft_s + c.stats.verify_s for c in done)
-                tokens[name] += sum(len(c.token_ids) for c in done)
+    tot = rotate_arms({name: engine for name, (_, engine) in arms.items()}, reqs, batch, passes,
+                      before=lambda name: use(arms[name][0]))  # eaglespec.measure.ab's protocol
 use("after")
+names = list(arms)
 for name in names:
-    print(f"{name:16s} wall {tokens[name] / wall[name]:7.1f} tok/s  decode {tokens[name] / decode_s[name]:7.1f} tok/s")
+    t = tot[name]
+    print(f"{name:16s} wall {t.tokens / t.wall_s:7.1f} tok/s  decode {t.tokens / t.decode_s:7.1f} tok/s")
 for m in ("vanilla", "chain1"):
-    print(f"{m}: after / before wall {wall[f'{m}/before'] / wall[f'{m}/after']:.3f}x, decode "
-          f"{decode_s[f'{m}/before'] / decode_s[f'{m}/after']:.3f}x")
-ref = outputs["vanilla/after"]
+    print(f"{m}: after / before wall {tot[f'{m}/before'].wall_s / tot[f'{m}/after'].wall_s:.3f}x, decode "
+          f"{tot[f'{m}/before'].decode_s / tot[f'{m}/after'].decode_s:.3f}x")
+ref = tot["vanilla/after"].outputs
 print("greedy identical to vanilla/after: " + ", ".join(
-    f"{name} {sum(outputs[name][i] == ref[i] for i in ref)} / {len(ref)}" for name in names))
+    f"{name} {sum(tot[name].outputs[i] == ref[i] for i in ref)} / {len(ref)}" for name in names))

@@ -1,0 +1,42 @@
+"""The in-process A/B protocol (measure/ab.py): arms rotate per group, the first group is a warm-up, totals and
+outputs are per arm; checked by hand on fake engines that log their calls."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from eaglespec.measure.ab import rotate_arms
+
+
+class FakeEngine:
+    def __init__(self, name, log, draft_s):
+        self.name, self.log, self.draft_s = name, log, draft_s
+
+    def generate(self, group):
+        self.log.append((self.name, tuple(group)))
+        stats = lambda r: SimpleNamespace(draft_s=self.draft_s, verify_s=0.01 * r, tree_rounds={"none": r})
+        return [SimpleNamespace(token_ids=[r, r], stats=stats(r)) for r in group]
+
+
+def test_arms_rotate_per_group_and_the_first_group_is_a_warm_up():
+    log, hooks = [], []
+    arms = {n: FakeEngine(n, log, d) for n, d in (("a", 0.0), ("b", 1.0), ("c", 2.0))}
+    tot = rotate_arms(arms, [1, 2, 3, 4, 5], 2, 2, before=lambda n: hooks.append(("before", n)),
+                      after=lambda n: hooks.append(("after", n)))
+    # pass p, group g starts at arm (7 p + g) mod 3: pass 0 -> a, b, c; pass 1 -> b, c, a
+    starts = [log[i][0] for i in range(0, len(log), 3)]
+    assert starts == ["a", "b", "c", "b", "c", "a"]
+    assert [g for n, g in log if n == "a"] == [(1, 2), (3, 4), (5,)] * 2
+    assert hooks[:2] == [("before", "a"), ("after", "a")] and len(hooks) == 2 * len(log)
+    # warm-up (pass 0, group 0) not counted: 4 + 1 tokens in pass 0's later groups, 10 in pass 1
+    assert {n: t.tokens for n, t in tot.items()} == {"a": 16, "b": 16, "c": 16}
+    assert tot["b"].decode_s == pytest.approx(5 * 1.0 + 0.01 * (4 + 5 + 2 + 4 + 5))  # the longest row a group
+    assert tot["a"].rounds == {"none": 3 + 4 + 5 + 1 + 2 + 3 + 4 + 5}
+    assert tot["c"].outputs == {i: [r, r] for i, r in enumerate([1, 2, 3, 4, 5])}
+
+
+def test_nonsense_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="batch >= 1"):
+        rotate_arms({"a": FakeEngine("a", [], 0.0)}, [1], 0, 1)
+    with pytest.raises(ValueError, match="an arm"):
+        rotate_arms({}, [1], 1, 1)
