@@ -96,6 +96,80 @@ def test_logits_helpers_use_the_kernels_for_float32_cpu_rows_and_torch_otherwise
     torch.testing.assert_close(got.gather(-1, cand), (h @ wt.T).gather(-1, cand), rtol=1e-5, atol=1e-5)
 
 
+# ---------------------------------------------------------------------------------------------- rescore_rows_
+
+
+def _torch_rescored(approx, h, w, top):
+    """rescored_logits' torch form (before the kernel): the kernel's ranking, then gathered rows, product, sum."""
+    cand = topk_indices(approx, top)
+    return approx.clone().scatter_(-1, cand, (h.unsqueeze(-2) * w[cand]).sum(-1)), cand
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3,), (2, 5)])
+@pytest.mark.parametrize("kind", ["randn", "ties"])
+def test_rescore_rows_gives_the_candidates_float32_scores_and_keeps_the_rest(shape, kind):
+    g = torch.Generator().manual_seed(len(shape) + sum(shape))
+    w = torch.randn(5000, 96, generator=g)
+    h = torch.randn(*shape, 96, generator=g)
+    approx = (h @ w.T).bfloat16().float()  # bfloat16 scores: many ties among the candidates
+    if kind == "ties":
+        approx = approx.round()
+    want, cand = _torch_rescored(approx, h, w, 24)
+    got = approx.clone()
+    torch.ops.eaglespec.rescore_rows_(got, h, w, 24)
+    keep = torch.ones_like(got, dtype=torch.bool).scatter_(-1, cand, False)
+    assert torch.equal(got[keep], approx[keep])  # the same candidates as topk_rows: ties by ascending index
+    torch.testing.assert_close(got.gather(-1, cand), (h @ w.T).gather(-1, cand), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # only the sum's order differs from torch's
+    assert not torch.equal(got.gather(-1, cand), approx.gather(-1, cand))
+
+
+def test_rescore_rows_of_a_row_do_not_depend_on_the_other_rows():
+    """9 rows split over threads against each row alone, bit for bit (verification scores N tokens in one call)."""
+    g = torch.Generator().manual_seed(5)
+    w, h = torch.randn(4096, 64, generator=g), torch.randn(9, 64, generator=g)
+    approx = (h @ w.T).bfloat16().float()
+    many = approx.clone()
+    torch.ops.eaglespec.rescore_rows_(many, h, w, 32)
+    for i in range(9):
+        alone = approx[i : i + 1].clone()
+        torch.ops.eaglespec.rescore_rows_(alone, h[i : i + 1], w, 32)
+        assert torch.equal(alone[0], many[i])
+
+
+def test_rescored_logits_runs_the_kernel_where_it_can_and_torch_otherwise(monkeypatch):
+    g = torch.Generator().manual_seed(6)
+    w, h = torch.randn(3000, 64, generator=g), torch.randn(2, 3, 64, generator=g)
+    fast = lambda v: torch.nn.functional.linear(v.bfloat16(), w.bfloat16())  # noqa: E731
+    calls = []
+    real = torch.ops.eaglespec.rescore_rows_
+    monkeypatch.setattr(torch.ops.eaglespec, "rescore_rows_", lambda *a: (calls.append(1), real(*a))[1],
+                        raising=False)
+    got = rescored_logits(h, fast, w, top=16)
+    assert calls, "float32 rows and weights on the CPU go to the kernel"
+    want, _ = _torch_rescored(fast(h).float(), h, w, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    rescored_logits(h, fast, w.bfloat16(), top=16)  # a bfloat16 weight: torch's form
+    w60 = w[:, :60].contiguous()
+    rescored_logits(h[..., :60], lambda v: torch.nn.functional.linear(v, w60), w60, top=16)  # H % 16 != 0
+    assert not calls
+
+
+def test_rescore_rows_refuses_bad_input_with_the_problem_named():
+    w, h, s = torch.randn(100, 32), torch.randn(2, 32), torch.randn(2, 100)
+    with pytest.raises(RuntimeError, match="top must be in"):
+        torch.ops.eaglespec.rescore_rows_(s, h, w, 0)
+    with pytest.raises(RuntimeError, match="must be float32"):
+        torch.ops.eaglespec.rescore_rows_(s, h, w.double(), 4)
+    with pytest.raises(RuntimeError, match="weight must be contiguous"):
+        torch.ops.eaglespec.rescore_rows_(s, h, w[:50], 4)
+    with pytest.raises(RuntimeError, match="one row per row of scores"):
+        torch.ops.eaglespec.rescore_rows_(s, h[:1], w, 4)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        torch.ops.eaglespec.rescore_rows_(s, torch.randn(2, 20), torch.randn(100, 20), 4)
+
+
 # ------------------------------------------------------------------------------------------------ sample_rows
 
 

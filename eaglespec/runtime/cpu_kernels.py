@@ -125,6 +125,7 @@ def _register_fakes() -> None:
     register("argmax_rows", lambda x: x.new_empty(x.shape[:-1], dtype=torch.long))
     register("topk_rows", lambda x, k: x.new_empty((*x.shape[:-1], k), dtype=torch.long))
     register("sample_rows", lambda probs, u: u.new_empty(u.shape, dtype=torch.long))
+    register("rescore_rows_", lambda scores, hidden, weight, top: None)
     register("verify_chain_sampled", lambda tokens, p, q, u_accept, u_sample, width: (
         tokens.new_empty((p.shape[0], width)), tokens.new_empty(p.shape[:1]), tokens.new_empty(p.shape[:1]),
         p.new_empty(p.shape[:1])))

