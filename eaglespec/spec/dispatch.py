@@ -252,8 +252,7 @@ class AdaptiveDispatcher:
         timed or without the count."""
         if catch_up is None or not self._catch_up_pairs:
             return PROBE_COST_STEPS
-        plain = self._costs(rows).verify_cost(batch_size, 1, self._context)
-        return catch_up() * (self._catch_up_s / self._catch_up_pairs) / plain if plain > 0 else PROBE_COST_STEPS
+        return self._pairs_in_steps(catch_up(), batch_size, rows)
 
     # ----------------------------------------------------------------------------------------- choice
     def _batch_tracker(self, rows: Sequence[int]) -> AcceptanceTracker:
@@ -268,12 +267,15 @@ class AdaptiveDispatcher:
 
     def pick(self, batch_size: int, rows: Sequence[int] | None = None, context: float | None = None,
              look_back: bool = False, budget: Sequence[int] | None = None,
-             catch_up: Callable[[], float] | None = None) -> TreeStrategy:
+             catch_up: Callable[[], float] | None = None,
+             resume: Callable[[], float] | None = None) -> TreeStrategy:
         """context: the rows' mean committed length (None: priced at the calibration's context); look_back: the
         caller can score its head on the paused steps' pairs, so a due probe sets ``look_back_due`` and keeps
         the step plain instead of drafting; budget: the tokens each row may still generate (None: unknown), so
         that a due probe is skipped where no row has enough left for a resume to repay it; catch_up: counts the
-        pairs a catch-up of these rows would encode now (called only when a probe is due), to price it."""
+        pairs a probe of these rows would encode now (called only when a probe is due), to price it; resume:
+        counts the pairs the catch-up that drafting needs first would encode (a waiting prompt, the pairs
+        recorded while paused), so that drafting starts only where the budget repays it (``_start_margin``)."""
         rows = rows if rows is not None else list(self.rows)
         self._context = context
         self.look_back_due = False
@@ -291,8 +293,10 @@ class AdaptiveDispatcher:
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
-            self.last = choose(costs, batch_size, self._shapes, self._batch_tracker(rows), self._margin(batch_size),
-                               context, self._factors(batch_size), drafting=self._current.drafts,
+            start = self._start_margin(batch_size, rows, budget, resume)
+            self.last = choose(costs, batch_size, self._shapes, self._batch_tracker(rows),
+                               self._margin(batch_size) if start is None else start, context,
+                               self._factors(batch_size), drafting=self._current.drafts and start is None,
                                keep_margin=self.keep_margin if batch_size <= 1 else None)
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
@@ -343,6 +347,32 @@ class AdaptiveDispatcher:
         then = score(costs, batch_size, nxt.label, nxt.num_nodes, nxt.max_depth, hopeful, self._context,
                      factors.get(nxt.label, 1.0))
         return nxt if now is not None and then is not None and then.predicted_speedup > now.predicted_speedup else None
+
+    def _start_margin(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None,
+                      resume: Callable[[], float] | None) -> float | None:
+        """The predicted speedup a tree must reach to be drafted when drafting must first catch the draft cache up
+        (``resume()`` pairs waiting: a new request's prompt, the pairs recorded while paused): resuming at speedup
+        S saves R * (1 - 1/S) plain steps over the R tokens the row with the most left may still generate, and must
+        save what the catch-up costs (C plain steps, at the timed price of a pair: ``_pairs_in_steps``), so
+        S >= R / (R - C), and at least the usual margin; infinite (never) where C >= R. None where nothing waits,
+        the budget is unknown or no catch-up was timed yet (then the usual margins, and a drafting batch keeps its
+        tree by ``keep_margin``). Measured before this rule (session 29, 2-core EPYC, Spec-Bench at T=1, batch 1):
+        a request's first drafting step encoded its prompt through the head, 25-54 ms for the 400-770-token prompts
+        (6-13 plain steps), while `--tree auto` started chains predicted at 1.00-1.07x for the ~110 tokens left,
+        which save at most ~7 steps."""
+        if resume is None or not budget or not self._catch_up_pairs:
+            return None
+        pairs = resume()
+        if pairs <= 0:
+            return None
+        cost, left = self._pairs_in_steps(pairs, batch_size, rows), max(budget)
+        return math.inf if cost >= left else max(self._margin(batch_size), left / (left - cost))
+
+    def _pairs_in_steps(self, pairs: float, batch_size: int, rows: Sequence[int]) -> float:
+        """What encoding ``pairs`` through the head costs, in plain steps at this batch size and context, at the
+        timed price of a pair (``observe_catch_up``; call only once one was timed)."""
+        plain = self._costs(rows).verify_cost(batch_size, 1, self._context)
+        return pairs * (self._catch_up_s / self._catch_up_pairs) / plain if plain > 0 else PROBE_COST_STEPS
 
     def _margin(self, batch_size: int) -> float:
         """What a tree's predicted speedup must beat to be drafted: ``margin`` alone in the batch,

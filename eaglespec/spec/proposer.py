@@ -274,7 +274,8 @@ class EagleProposer:
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
             cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=self.max_lag > 0, budget=budget,
-                                       catch_up=lambda: self.look_back_pairs(ids))
+                                       catch_up=lambda: self.look_back_pairs(ids),
+                                       resume=lambda: self.catch_up_pairs(ids))
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
