@@ -863,6 +863,41 @@ def test_a_new_request_is_probed_after_probe_every_paused_steps_whatever_the_req
     assert (d._probe_wait, d._since_draft) == (wait, since) and wait > 4
 
 
+def test_drafting_that_needs_a_catch_up_starts_only_where_the_tokens_left_repay_it():
+    """Starting to draft first encodes the waiting pairs through the head (a new request's prompt, the pairs
+    recorded while paused). Over R tokens left, a tree predicted at S saves R * (1 - 1/S) plain steps; a catch-up of
+    C plain steps (at the timed price of a pair) must be repaid: S >= R / (R - C). Nothing waiting, no budget or no
+    timed catch-up: the usual margin."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = flat_costs()  # plain 10.5 ms, a chain of 2 13.5 ms: at 50% acceptance a depth 1.361x (the best)
+    good = AcceptanceTracker(prior=(0.5,) * 8, weight=1e6)
+
+    def first_pick(resume_pairs, budget=(100,), timed=True):
+        d = AdaptiveDispatcher(costs, repick_every=1, prior=good)
+        d.start_row(0)
+        if timed:
+            d.observe_catch_up(100, 100 * costs.verify_cost(1, 1) / 10)  # 10 pairs cost one plain step
+        cfg = d.pick(1, [0], look_back=True, budget=budget, resume=lambda: resume_pairs)
+        assert d.last.predicted_speedup == pytest.approx(1.75 * 10.5 / 13.5) or not cfg.drafts
+        return cfg.label
+
+    assert first_pick(0) == "chain2"  # nothing waits
+    assert first_pick(100) == "chain2"  # 10 steps of 100: needs 1.11x
+    assert first_pick(300) == "none"  # 30 steps of 100: needs 1.43x
+    assert first_pick(300, budget=(400,)) == "chain2"  # of 400: 1.08x
+    assert first_pick(1000) == "none"  # as many steps as tokens left: never
+    assert first_pick(1000, budget=None) == "chain2"  # budget unknown: the usual margin
+    assert first_pick(1000, timed=False) == "chain2"  # no catch-up timed yet: its price unknown
+    # a batch that drafts with nothing waiting keeps its tree by keep_margin; one whose new row waits must repay it
+    d = AdaptiveDispatcher(costs, repick_every=1, prior=good)
+    d.start_row(0)
+    d.observe_catch_up(100, 100 * costs.verify_cost(1, 1) / 10)
+    assert d.pick(1, [0], budget=[100], resume=lambda: 0).drafts
+    d.observe([0], d.candidates["chain2"], [2])  # new evidence: chosen again
+    assert not d.pick(1, [0], budget=[100], resume=lambda: 1000).drafts
+
+
 def test_each_request_alone_gets_one_look_back_even_where_the_pool_says_no_recovery_could_pay():
     """A pool whose acceptance is too low for a probe to be worth it (``_probe_could_pay``: not even at 1.5x)
     skips every probe, so it would never observe anything again: a request alone in the batch still looks back
