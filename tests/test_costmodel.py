@@ -604,76 +604,6 @@ def test_a_look_back_scores_a_row_that_just_joined_in_a_forward_of_its_own():
     assert seen == [{0: 1, 1: 0}] and len(reqs[2].prompt_ids) > len(reqs[0].prompt_ids) + 2 + 16
 
 
-def test_a_look_back_encodes_a_window_of_the_latest_pairs_and_commits_nothing(monkeypatch):
-    """A paused step's look-back probe encodes each row's latest LOOK_BACK_WINDOW waiting pairs (prompt tail, then
-    recorded pairs) in one head forward and leaves the draft state as it was: the cache's lengths, the waiting
-    prompt and the recorded pairs. Drafting right after it catches up over everything, so the trees are those of
-    a drafter that never looked back (token for token with the same draft probabilities), and greedy output is
-    vanilla's."""
-    import torch
-
-    from eaglespec.config import GenerationConfig
-    from eaglespec.engine.generate import Engine, Request
-    from eaglespec.spec import proposer as prop
-    from eaglespec.spec.strategies import Chain, NoDraft
-    from helpers import tiny_target, tiny_tokenizer
-    from test_speculative import PROMPTS, make_head
-
-    monkeypatch.setattr(prop, "LOOK_BACK_WINDOW", 12)
-    target, _ = tiny_target("llama")
-    tok = tiny_tokenizer()
-    reqs = [Request(tok.encode(p), GenerationConfig(14, ignore_eos=True)) for p in (PROMPTS[4] * 4, PROMPTS[0] * 3)]
-    assert all(len(r.prompt_ids) > 12 for r in reqs)
-    script = [NoDraft()] * 6 + [Chain(2)]  # paused 6 steps, the look-back at step 5, then drafting
-
-    class LookingBack(Scripted):
-        look_back_due = False
-
-        def pick(self, batch_size):
-            self.look_back_due = self.i == 5
-            return super().pick(batch_size)
-
-        def observe_look_back(self, rows, hits, tries):
-            seen.append(dict(zip(rows, tries)))
-
-    head = make_head(target, "eagle3")
-    widths, states, seen = [], [], []
-    forward = head.forward
-
-    def spy(*a, **k):
-        widths.append(a[1].shape[1])  # toks [B, T]
-        return forward(*a, **k)
-
-    looking = prop.EagleProposer(head, LookingBack(script))
-    window = looking._look_back_window
-
-    def checked(rows, ids):
-        before = (looking.cache.lengths.clone(), dict(looking._lag_host), {r: looking._prompts[r][1].shape[0]
-                                                                            for r in looking._prompts})
-        widths.clear()
-        window(rows, ids)
-        states.append((before, (looking.cache.lengths.clone(), dict(looking._lag_host),
-                                {r: looking._prompts[r][1].shape[0] for r in looking._prompts}), list(widths)))
-
-    looking._look_back_window = checked
-    head.forward = spy
-    drafts = {}
-    for name, p in (("looking", looking), ("plain", prop.EagleProposer(head, Scripted(script)))):
-        trees = drafts[name] = []
-        propose = p.propose
-        p.propose = lambda *a, _f=propose, _t=trees, **k: (lambda t: _t.append(
-            (t.tokens.tolist(), t.draft_logp.tolist())) or t)(_f(*a, **k))
-        with torch.inference_mode():
-            got = [c.token_ids for c in Engine(target, p, max_batch_size=2).generate(reqs)]
-        assert got == [c.token_ids for c in Engine(target, None, max_batch_size=2).generate(reqs)]
-    (before, after, w), = states
-    assert torch.equal(before[0], after[0]) and before[1:] == after[1:]  # nothing committed, nothing dropped
-    assert before[1] == {0: 5, 1: 5} and set(before[2]) == {0, 1}  # 5 recorded pairs a row, prompts waiting
-    assert w == [12]  # one forward, the window wide: not the prompts' 5 + len(prompt) pairs
-    assert seen == [{0: 4, 1: 4}]  # every recorded pair but the last scored (its next token is not known yet)
-    assert drafts["looking"] == drafts["plain"]
-
-
 def test_a_catch_up_groups_its_rows_into_forwards_for_the_fewest_padded_pairs():
     """``plan_catch_up`` against every partition of the rows (forwards padded to their longest row, a fixed cost
     each): the optimum among sorted runs is the optimum; rows with nothing to encode are left out."""
@@ -1854,8 +1784,6 @@ def test_the_engine_times_each_step_and_leaves_out_the_ones_that_caught_the_draf
     orig_observe, orig_catch_up, orig_propose = d.observe_step, proposer._catch_up, proposer.propose
     d.observe_step = lambda b, s: timed.append((b, s)) or orig_observe(b, s)
     proposer._catch_up = lambda *a, **k: catch_ups.append(len(steps)) or orig_catch_up(*a, **k)
-    orig_window = proposer._look_back_window  # a look-back probe's forward: not the tree's cost either
-    proposer._look_back_window = lambda *a, **k: catch_ups.append(len(steps)) or orig_window(*a, **k)
     proposer.propose = lambda *a, **k: steps.append(None) or orig_propose(*a, **k)
     assert _greedy_runs(target, proposer, prompts) == _greedy_runs(target, None, prompts)
     assert catch_ups and len(timed) == len(steps) - len(set(catch_ups))

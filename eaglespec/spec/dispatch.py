@@ -356,10 +356,10 @@ class AdaptiveDispatcher:
         save what the catch-up costs (C plain steps, at the timed price of a pair: ``_pairs_in_steps``), so
         S >= R / (R - C), and at least the usual margin; infinite (never) where C >= R. None where nothing waits,
         the budget is unknown or no catch-up was timed yet (then the usual margins, and a drafting batch keeps its
-        tree by ``keep_margin``). Measured before this rule (session 29, 2-core EPYC, Spec-Bench at T=1, batch 1):
-        a request's first drafting step encoded its prompt through the head, 25-54 ms for the 400-770-token prompts
-        (6-13 plain steps), while `--tree auto` started chains predicted at 1.00-1.07x for the ~110 tokens left,
-        which save at most ~7 steps."""
+        tree by ``keep_margin``). Seen before this rule (session 29, 2-core EPYC, Spec-Bench first turns at T=1,
+        batch 1, `docs/results/epyc-2026-11-28-s29/t1_diag.txt`): the catch-ups of a request with a 400-770-token
+        prompt took 20-54 ms (5-13 plain steps), while `--tree auto` drafted chains predicted at 1.00-1.07x over the
+        ~110 tokens left, which save at most ~7 steps."""
         if resume is None or not budget or not self._catch_up_pairs:
             return None
         pairs = resume()

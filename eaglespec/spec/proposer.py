@@ -60,11 +60,6 @@ CATCH_UP_FORWARD_PAIRS = 16  # a head forward's fixed cost in encoded pairs: a c
 # their own (``plan_catch_up``)
 LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest ones): ~1 ms of draft logits at
 # batch 1 on a 2-core Xeon, where each step of a probe that drafts costs 1.4-1.6 plain steps (~10 ms each)
-LOOK_BACK_WINDOW = 96  # waiting pairs per row a look-back probe encodes at most (the latest ones, LOOK_BACK of them
-# scored): a probe that does not resume drafting commits nothing, so it no longer encodes a whole waiting prompt.
-# Before (session 29), a request's first look-back caught its draft cache up over its prompt: 25-54 ms for the
-# 400-770-token Spec-Bench prompts, and at T=1 on a 2-core EPYC, where requests rarely resume, the look-backs cost
-# 2.5% of a batch-1 run (0.988x vanilla paused with them, 1.013x without)
 
 
 def plan_catch_up(widths: Sequence[int], fixed: int = CATCH_UP_FORWARD_PAIRS) -> list[list[int]]:
@@ -274,7 +269,7 @@ class EagleProposer:
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
             cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=self.max_lag > 0, budget=budget,
-                                       catch_up=lambda: self.look_back_pairs(ids),
+                                       catch_up=lambda: self.catch_up_pairs(ids),
                                        resume=lambda: self.catch_up_pairs(ids))
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
@@ -295,12 +290,9 @@ class EagleProposer:
         # The engine drafts for all its active rows every step, so the bound covers every row that lags.
         look_back = getattr(self.dispatcher, "look_back_due", False)
         self._timed = int(rows.numel())  # the step's batch size, for observe_step_time (0: not to be timed)
-        if (self._lag_bound or self._prompts) and (cfg.drafts or self._lag_bound >= self.max_lag):
+        if (self._lag_bound or self._prompts) and (cfg.drafts or look_back or self._lag_bound >= self.max_lag):
             self._catch_up(rows, ids, look_back)
             self._timed = 0  # the catch-up is not what the chosen tree costs
-        elif look_back and (self._lag_bound or self._prompts):
-            self._look_back_window(rows, ids)  # a probe of a paused step: scores, commits nothing
-            self._timed = 0
         self._rows, self._prefix = rows, prefix_lengths
         tree, node_slot = cfg.draft(self, pending)
         self._drafted = _Drafted(prefix_lengths, node_slot, host)
@@ -488,12 +480,6 @@ class EagleProposer:
         widths = [p + n for p, n in zip(*self._waiting(row_ids))]
         return catch_up_cost(plan_catch_up(widths), widths)
 
-    def look_back_pairs(self, row_ids: Sequence[int]) -> int:
-        """What a look-back probe of these rows would encode now, in pairs (``_look_back_window``: the latest
-        LOOK_BACK_WINDOW waiting pairs a row, one forward padded to the widest, plus CATCH_UP_FORWARD_PAIRS)."""
-        widths = [min(p + n, LOOK_BACK_WINDOW) for p, n in zip(*self._waiting(row_ids))]
-        return catch_up_cost([list(range(len(widths)))], widths) if any(widths) else 0
-
     def _waiting(self, ids: Sequence[int]) -> tuple[list[int], list[int]]:
         """Per row, the pairs a catch-up encodes: its waiting prompt's, and its recorded ones (the host's count;
         the bound over all rows when only the device knows them)."""
@@ -553,49 +539,6 @@ class EagleProposer:
                 torch.cuda.synchronize(self.last_h.device)
             self.dispatcher.observe_catch_up(catch_up_cost(groups, widths), time.perf_counter() - start)
 
-    def _look_back_window(self, rows: Tensor, ids: Sequence[int]) -> None:
-        """A look-back probe that commits nothing: each row's latest LOOK_BACK_WINDOW waiting pairs (its prompt's
-        tail and its recorded pairs, at their own positions) go through the head in one forward whose keys and
-        values land past the row's draft length, where the catch-up that drafting needs later writes them again;
-        the recorded pairs among them are scored (``_look_back``). Its head sees the draft cache's committed pairs
-        and the window, not the waiting pairs before the window: for a row whose prompt waits, the prompt's tail
-        only (an estimate from the latest 96 pairs of context; exact where the window holds every waiting pair,
-        which ``test_a_look_back_probe_scores_the_guesses_a_chain_would_have_drafted`` checks). The probe's
-        time and pairs price the next probes (``observe_catch_up``)."""
-        if self._lag_host is None:  # only the device knows each row's recorded pairs: the committing probe
-            self._catch_up(rows, ids, look_back=True)
-            return
-        start = time.perf_counter()
-        self._flush_lag_run()
-        sizes, lags = self._waiting(ids)
-        widths = [min(k + n, LOOK_BACK_WINDOW) for k, n in zip(sizes, lags)]
-        W = max(widths, default=0)
-        if not W:
-            return
-        F = self.head.config.feature_size
-        feats = torch.zeros(len(ids), W, F, dtype=self.head.dtype, device=rows.device)  # [B, W, F]
-        toks = torch.zeros(len(ids), W, dtype=torch.long, device=rows.device)  # [B, W]
-        skip, first = [], []  # per row: waiting pairs before the window; block index of recorded pair 0
-        for b, (r, k, n, w) in enumerate(zip(ids, sizes, lags, widths)):
-            m = min(n, w)  # recorded pairs in the window (the latest), after the prompt's last w - m
-            if w > m:
-                f, t = self._prompts[r]
-                feats[b, :w - m], toks[b, :w - m] = f[k - (w - m):k], t[k - (w - m):k]
-            if m:
-                feats[b, w - m:w], toks[b, w - m:w] = self._lag_feat[r, n - m:n], self._lag_tok[r, n - m:n]
-            skip.append(k + n - w)
-            first.append(w - m - (n - m))  # recorded pair j sits at w - m + (j - (n - m)); may be < 0
-        dev = rows.device
-        positions = (self.cache.lengths[rows] + torch.tensor(skip, device=dev))[:, None] + torch.arange(W, device=dev)
-        o = self.head(self.head.fuse(feats, prefill=True), toks, positions, self.cache, rows=rows,
-                      prefill=True)  # [B, W, H]; the cache's lengths stay
-        self._look_back(ids, [(rows, o, torch.tensor(first, device=dev), torch.tensor(lags, device=dev))])
-        if hasattr(self.dispatcher, "observe_catch_up"):
-            if self.last_h.is_cuda:
-                torch.cuda.synchronize(self.last_h.device)
-            self.dispatcher.observe_catch_up(catch_up_cost([list(range(len(ids)))], widths),
-                                             time.perf_counter() - start)
-
     def _look_back(self, ids: Sequence[int], scored: Sequence[tuple[Tensor, Tensor, Tensor, Tensor]]
                    ) -> None:
         """A look-back probe: over the latest LOOK_BACK recorded pairs of each row, would the root child a chain
@@ -616,7 +559,7 @@ class EagleProposer:
             j = j.clamp(min=0)
             # the slots of pairs that were not scored (ok False) are clamped into the forward's width: a row that
             # just joined has its prompt waiting and no recorded pair, and first = its width when it is the widest
-            at = (first[:, None] + j).clamp(min=0, max=o.shape[1] - 1)  # [B', K]
+            at = (first[:, None] + j).clamp(max=o.shape[1] - 1)  # [B', K]
             h = o.gather(1, at[:, :, None].expand(-1, -1, o.shape[-1]))  # [B', K, H]
             rows = sel.tolist()
             temps = torch.tensor([self._row_temperature.get(r, self.draft_temperature or 0.0) for r in rows],
