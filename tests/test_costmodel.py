@@ -828,6 +828,34 @@ def test_drafting_that_needs_a_catch_up_starts_only_where_the_tokens_left_repay_
     assert not d.pick(1, [0], budget=[100], resume=lambda: 1000).drafts
 
 
+def test_a_request_alone_explores_only_where_a_hopeful_resume_could_repay_the_look_back():
+    """The one look-back of a request alone (whatever the pool says) catches its draft cache up over its prompt:
+    skipped where that costs more plain steps than drafting at 1.5x the default prior could save over the tokens
+    left (a long prompt with a short answer); made where it is cheap, and where no catch-up was timed yet."""
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costly = flat_costs(per_token=0.01)  # chain 1 pays above 58% depth-1 acceptance: 1.5 x 50% = 75% would
+    low = AcceptanceTracker(prior=(0.20,) * 8, weight=1e6)  # the pool: 1.5 x 20% could not
+
+    def looks(pairs, budget, timed=True):
+        d = AdaptiveDispatcher(costly, repick_every=1, probe_every=4, max_probe_every=64, probe_steps=1, prior=low)
+        if timed:
+            d.observe_catch_up(100, 100 * costly.verify_cost(1, 1) / 10)  # 10 pairs a plain step
+        d.start_row(0)
+        seen = []
+        for step in range(20):
+            assert not d.pick(1, [0], look_back=True, budget=[budget], catch_up=lambda: pairs).drafts
+            if d.look_back_due:
+                seen.append(step)
+                d.observe_look_back([0], [0.0], [4])
+        return seen
+
+    assert looks(pairs=50, budget=100) == [3]  # 5 steps against the ~11 a chain of 1 at 75% would save
+    assert looks(pairs=500, budget=100) == []  # 50 steps: more than any resume could win back
+    assert looks(pairs=500, budget=1000) == [3]  # a long answer repays it
+    assert looks(pairs=500, budget=100, timed=False) == [3]  # no price yet: explored as before
+
+
 def test_each_request_alone_gets_one_look_back_even_where_the_pool_says_no_recovery_could_pay():
     """A pool whose acceptance is too low for a probe to be worth it (``_probe_could_pay``: not even at 1.5x)
     skips every probe, so it would never observe anything again: a request alone in the batch still looks back

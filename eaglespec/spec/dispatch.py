@@ -102,6 +102,13 @@ with 0.46 of its second tokens accepted (it wins above ~0.31 there). Refilled by
 ~50 steps while the longer chain stays plausible, none once its acceptance is known to be too low even for an
 optimist."""
 
+EXPLORE_FLOOR: tuple[float, ...] = AcceptanceTracker().prior
+"""The per-depth acceptance a request alone in its batch is hoped to reach at least when it explores (its one
+look-back, whatever the pool says): the default prior of a head nothing is known about. The look-back is skipped
+only where its catch-up outweighs what even ``probe_optimism`` times these rates could win over the tokens left
+(``_probe_could_pay``): e.g. a prompt of thousands of tokens with a short answer, whose look-back would encode the
+whole prompt through the head for a resume that could not repay it."""
+
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
 )
@@ -308,6 +315,7 @@ class AdaptiveDispatcher:
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
                 explore, self._explore = self._explore and look_back and len(rows) == 1, False
                 if explore and (not budget or max(budget) >= self.probe_every) \
+                        and self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR) \
                         or self._probe_could_pay(batch_size, rows, budget, catch_up):
                     if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
                         self.look_back_due = self._probe_done = True
@@ -388,7 +396,7 @@ class AdaptiveDispatcher:
         return self._sampled_costs if any(self._sampled.get(r, False) for r in rows) else self.costs
 
     def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None,
-                         catch_up: Callable[[], float] | None = None) -> bool:
+                         catch_up: Callable[[], float] | None = None, floor: Sequence[float] | None = None) -> bool:
         """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now
         (``batched_probe_optimism`` with several rows; at every depth, at most 1), and by enough, over the most
         tokens a row has left (``budget``), to win back what the probe costs (``probe_cost`` plain steps):
@@ -397,9 +405,14 @@ class AdaptiveDispatcher:
         plausible recovery makes a tree pay (at batch 4 a chain of 1 needed ~0.45 depth-1 acceptance there, and
         T=1 requests showed ~0.25), or where too few tokens are left for it to: resuming at speedup S over R
         tokens saves R * (1 - 1/S) plain steps (a 128-token request's third probe, 16 tokens before its end,
-        saves at most 0.3 of a step at S = 1.02)."""
+        saves at most 0.3 of a step at S = 1.02).
+        ``floor``: per-depth rates the hope starts from at least (``EXPLORE_FLOOR`` for a request alone that
+        explores)."""
         optimism = self.probe_optimism if batch_size <= 1 else self.batched_probe_optimism
-        hopeful = _hopeful(self._batch_tracker(rows).rates(), optimism)
+        rates = self._batch_tracker(rows).rates()
+        if floor is not None:
+            rates = [max(r, f) for r, f in zip(rates + [0.0] * (len(floor) - len(rates)), floor)]
+        hopeful = _hopeful(rates, optimism)
         best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size), self._context,
                       self._factors(batch_size))
         if best.label == PLAIN:
