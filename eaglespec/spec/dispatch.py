@@ -43,6 +43,7 @@ per-request acceptance (``costmodel.py`` has the formulas).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -411,7 +412,7 @@ class AdaptiveDispatcher:
         optimism = self.probe_optimism if batch_size <= 1 else self.batched_probe_optimism
         rates = self._batch_tracker(rows).rates()
         if floor is not None:
-            rates = [max(r, f) for r, f in zip(rates + [0.0] * (len(floor) - len(rates)), floor)]
+            rates = [max(r, f) for r, f in itertools.zip_longest(rates, floor, fillvalue=0.0)]
         hopeful = _hopeful(rates, optimism)
         best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size), self._context,
                       self._factors(batch_size))
