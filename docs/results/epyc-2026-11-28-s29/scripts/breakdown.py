@@ -1,17 +1,11 @@
 # Where verify(N) goes: full forward vs layers only vs logits vs the layers' matmuls alone, batch 1, 256 context.
-import statistics, time, sys
+import statistics, time
 import torch
-from eaglespec.runtime import allocator, cpu_kernels
-from eaglespec.runtime.loading import load_target
-allocator.tune(); torch.set_num_threads(2)
+from common import target_with_context
+from eaglespec.runtime import cpu_kernels
 print("cpu:", cpu_kernels.cpuinfo("model name"))
-m = load_target(None).model
 P = 256
-g = torch.Generator().manual_seed(0)
-cache = m.new_cache(1, P + 16)
-with torch.inference_mode():
-    m(torch.randint(0, 49152, (1, P), generator=g), torch.arange(P)[None], cache, prefill=True)
-cache.lengths[:] = P
+m, cache, g = target_with_context(P)
 mm = torch.ops.eaglespec.w4a8_mm
 trip = []
 for st in m.layer_steps:

@@ -4,7 +4,10 @@
 # each request a look-back scores the latest 32 pairs. Two passes over each request (plain decoding: the same
 # tokens), one per kind, so that the window's later look-backs see no context a committing one left behind.
 #   python look_back_bias.py QUESTIONS.jsonl PER_CATEGORY [TEMPERATURE]
+# (stepping and probing as session 16's look_back_window.py does, so that the two compare)
 import sys
+from types import SimpleNamespace
+
 import torch
 from eaglespec.config import GenerationConfig, SamplingParams
 from eaglespec.datasets import encode_messages, load_questions
@@ -21,19 +24,15 @@ t = load_target(None)
 qs = load_questions(path, per_category=per_cat)
 reqs = [Request(encode_messages(t.tokenizer, [{"role": "user", "content": q.turns[0]}]),
                 GenerationConfig(128, SamplingParams(temperature=temp, seed=i), ignore_eos=True)) for i, q in enumerate(qs)]
-counts = {}
+counts = {}  # (kind, step) -> (summed chances, tries)
 
 
-class Seen:
-    def __init__(self, key):
-        self.key = key
-
-    def observe_look_back(self, rows, hits, tries):
-        h, n = counts.get(self.key, (0.0, 0))
-        counts[self.key] = (h + sum(hits), n + sum(tries))
-
-    def observe_catch_up(self, pairs, seconds):
-        pass
+def recorder(key):
+    """A stand-in dispatcher that adds up what one look-back observed."""
+    def seen(rows, hits, tries):
+        h, n = counts.get(key, (0.0, 0))
+        counts[key] = (h + sum(hits), n + sum(tries))
+    return SimpleNamespace(observe_look_back=seen, observe_catch_up=lambda pairs, seconds: None)
 
 
 with torch.inference_mode():
@@ -49,7 +48,7 @@ with torch.inference_mode():
                 steps += 1
                 if steps in (17, 49, 113) and e.active:
                     rows, ids, real = torch.tensor([0]), [0], p.dispatcher
-                    p.dispatcher = Seen((kind, steps - 1))
+                    p.dispatcher = recorder((kind, steps - 1))
                     (p._look_back_window if kind == "window" else
                      lambda rows, ids: p._catch_up(rows, ids, look_back=True))(rows, ids)
                     p.dispatcher = real

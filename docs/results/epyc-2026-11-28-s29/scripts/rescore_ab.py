@@ -2,11 +2,11 @@
 # one process: full target forwards with logits at every position, batch 1 over 256 tokens of context, N = 1..8,
 # arms alternating every round (medians of 40 rounds after 8); logits compared (argmax equal, max difference).
 import statistics, time, torch
-from eaglespec.runtime import allocator, cpu_kernels, logits as L, model as model_mod
-from eaglespec.runtime.loading import load_target
-allocator.tune(); torch.set_num_threads(2)
+from common import target_with_context
+from eaglespec.runtime import cpu_kernels, logits as L, model as model_mod
 print("cpu:", cpu_kernels.cpuinfo("model name"), "| torch", torch.__version__)
-m = load_target(None).model
+P = 256
+m, cache, g = target_with_context(P)
 new = model_mod.rescored_logits
 def old(hidden, fast, weight, top=L.RESCORE_TOP):  # the torch form (before session 29)
     approx = fast(hidden).float()
@@ -15,12 +15,7 @@ def old(hidden, fast, weight, top=L.RESCORE_TOP):  # the torch form (before sess
     exact = (hidden.float().unsqueeze(-2) * rows).sum(-1)
     return approx.scatter_(-1, cand, exact)
 arms = {"torch": old, "kernel": new}
-P = 256
-g = torch.Generator().manual_seed(0)
-cache = m.new_cache(1, P + 16)
 with torch.inference_mode():
-    m(torch.randint(0, 49152, (1, P), generator=g), torch.arange(P)[None], cache, prefill=True)
-    cache.lengths[:] = P
     setups = {N: (torch.randint(0, 49152, (1, N), generator=g), torch.arange(P, P + N)[None]) for N in (1, 2, 4, 8)}
     for N, (t, p) in setups.items():
         outs = {}
