@@ -45,7 +45,7 @@ def rescored_logits(hidden: Tensor, fast: Callable[[Tensor], Tensor], weight: Te
     if _own_kernel(approx) and cpu_kernels.serves(hidden, weight) and weight.is_contiguous() \
             and weight.shape[-1] % 16 == 0 and approx.is_contiguous():
         # top-k and the candidates' dot products in one pass over each row, the weight rows read in place
-        # (``kernels/select.cpp``): 0.08-0.16 ms less a forward at 1-8 tokens on a 2-core EPYC
+        # (``kernels/select.cpp``): ~0.1 ms less a forward at 1 token, 0.1-0.3 at 8 on a 2-core EPYC (two runs)
         # (docs/results/epyc-2026-11-28-s29/rescore_ab.txt)
         torch.ops.eaglespec.rescore_rows_(approx, hidden.detach(), weight.detach(), top)
         return approx
