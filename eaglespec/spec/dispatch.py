@@ -283,7 +283,8 @@ class AdaptiveDispatcher:
         that a due probe is skipped where no row has enough left for a resume to repay it; catch_up: counts the
         pairs a probe of these rows would encode now (called only when a probe is due), to price it; resume:
         counts the pairs the catch-up that drafting needs first would encode (a waiting prompt, the pairs
-        recorded while paused), so that drafting starts only where the budget repays it (``_start_margin``)."""
+        recorded while paused; called only when a choice is made), so that drafting starts only where the budget
+        repays it (``_start_margin``). The proposer passes one counter as both."""
         rows = rows if rows is not None else list(self.rows)
         self._context = context
         self.look_back_due = False
@@ -315,9 +316,9 @@ class AdaptiveDispatcher:
                 self._since_draft = 0
                 self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
                 explore, self._explore = self._explore and look_back and len(rows) == 1, False
-                if explore and (not budget or max(budget) >= self.probe_every) \
-                        and self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR) \
-                        or self._probe_could_pay(batch_size, rows, budget, catch_up):
+                # an explore hopes for at least EXPLORE_FLOOR (which only widens what could pay: one check)
+                explore = explore and (not budget or max(budget) >= self.probe_every)
+                if self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR if explore else None):
                     if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
                         self.look_back_due = self._probe_done = True
                         return cfg

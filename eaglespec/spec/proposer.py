@@ -268,9 +268,9 @@ class EagleProposer:
         if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
             context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
+            waiting = lambda: self.catch_up_pairs(ids)  # noqa: E731 - what a probe's or a resume's catch-up encodes
             cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=self.max_lag > 0, budget=budget,
-                                       catch_up=lambda: self.catch_up_pairs(ids),
-                                       resume=lambda: self.catch_up_pairs(ids))
+                                       catch_up=waiting, resume=waiting)
         else:
             cfg = self.dispatcher.pick(int(rows.numel()))
         self._cfg = cfg
