@@ -31,6 +31,8 @@ for spec in sys.argv[6:]:
         prop = build_proposer(target, DraftOptions(tree="chain", depth=1))
     else:
         prop = build_calibrated_proposer(target, DraftOptions())
+        # From a8b9e89 on every look-back catches up again, so these two lines change nothing there; they put
+        # the committing look-back back in the runs at 282510d-49da936, where the windowed one existed.
         if kind in ("auto-committing-look-back", "auto-s28"):  # before session 29: a look-back catches up
             prop._look_back_window = lambda rows, ids, _p=prop: _p._catch_up(rows, ids, look_back=True)
             prop.look_back_pairs = prop.catch_up_pairs
