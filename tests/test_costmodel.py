@@ -1796,11 +1796,12 @@ def test_a_tree_the_calibration_priced_too_cheap_is_dropped_once_its_steps_are_t
 
 
 def test_the_engine_times_each_step_and_leaves_out_the_ones_that_caught_the_draft_cache_up():
-    """Through the engine: every step's wall time reaches the dispatcher, except steps whose propose() ran a
-    catch-up of the draft cache (a request's first drafting step, a look-back probe): their time is not the
-    chosen tree's cost. Greedy output stays the target's."""
+    """Through the engine: every drafting step's wall time reaches the dispatcher and one paused step in
+    PLAIN_TIMED_EVERY (counting every paused step), except steps whose propose() ran a catch-up of the draft cache
+    (a request's first drafting step, a look-back probe): their time is not the chosen tree's cost. Greedy output
+    stays the target's."""
     from eaglespec.spec.dispatch import AdaptiveDispatcher
-    from eaglespec.spec.proposer import EagleProposer
+    from eaglespec.spec.proposer import PLAIN_TIMED_EVERY, EagleProposer
     from helpers import tiny_target, tiny_tokenizer
     from test_speculative import PROMPTS, make_head
 
@@ -1808,15 +1809,109 @@ def test_the_engine_times_each_step_and_leaves_out_the_ones_that_caught_the_draf
     prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:2]]
     d = AdaptiveDispatcher(flat_costs(batches=(1, 2)), repick_every=2, probe_every=3)
     proposer = EagleProposer(make_head(target, "eagle3"), d)
-    timed, catch_ups, steps = [], [], []
+    timed, steps = [], []  # steps: [drafted, caught up, timed] per propose()
     orig_observe, orig_catch_up, orig_propose = d.observe_step, proposer._catch_up, proposer.propose
-    d.observe_step = lambda b, s: timed.append((b, s)) or orig_observe(b, s)
-    proposer._catch_up = lambda *a, **k: catch_ups.append(len(steps)) or orig_catch_up(*a, **k)
-    proposer.propose = lambda *a, **k: steps.append(None) or orig_propose(*a, **k)
+
+    def propose(*a, **k):
+        steps.append([False, False, False])
+        tree = orig_propose(*a, **k)
+        steps[-1][0] = proposer.step_label != "none"
+        return tree
+
+    d.observe_step = lambda b, s: timed.append((b, s)) or steps[-1].__setitem__(2, True) or orig_observe(b, s)
+    proposer._catch_up = lambda *a, **k: steps[-1].__setitem__(1, True) or orig_catch_up(*a, **k)
+    proposer.propose = propose
     assert _greedy_runs(target, proposer, prompts) == _greedy_runs(target, None, prompts)
-    assert catch_ups and len(timed) == len(steps) - len(set(catch_ups))
+    plain = [i for i, (drafted, _, _) in enumerate(steps) if not drafted]
+    expected = [not caught and (drafted or plain.index(i) % PLAIN_TIMED_EVERY == 0)
+                for i, (drafted, caught, _) in enumerate(steps)]
+    assert any(c for _, c, _ in steps) and any(d for d, _, _ in steps) and len(plain) > PLAIN_TIMED_EVERY
+    assert [t for _, _, t in steps] == expected
     assert all(s > 0 for _, s in timed) and {b for b, _ in timed} <= {1, 2}
     assert d.feedback.ratios  # the prices were checked
     off = AdaptiveDispatcher(flat_costs(batches=(1, 2)), cost_feedback=False)
     assert off.feedback is None
     off.observe_step(1, 0.01)  # nothing to check against: ignored
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_quiet_paused_pick_is_the_whole_pick(seed):
+    """A paused batch's picks taken by ``_quiet_step`` (nothing chosen on changed, no probe due) are what the
+    whole pick returns: two dispatchers driven by the same seeded script (acceptance that collapses and recovers,
+    contexts crossing buckets, rows leaving and joining, look-backs, catch-ups, timed steps), one of them never
+    taking the quiet path, return the same trees, probes, predictions and counters at every step; and the quiet
+    path was taken."""
+    import random
+
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    def make():
+        return AdaptiveDispatcher(flat_costs(batches=(1, 2, 4)), repick_every=4, probe_every=3, max_probe_every=24)
+
+    fast, slow = make(), make()
+    slow._quiet_step = lambda *a: False
+    quiet = []
+    orig = fast._quiet_step
+    fast._quiet_step = lambda *a: quiet.append(orig(*a)) or quiet[-1]
+    rng = random.Random(seed)
+    rows, context, rate = [0], 40.0, 0.9
+    for d in (fast, slow):
+        d.start_row(0, sampled=seed % 2 == 1)
+    for step in range(800):
+        if step % 150 == 0:
+            rate = rng.choice([0.05, 0.9])
+        event = rng.random()
+        if event < 0.03:  # a request ends; another takes its row, joins in a new row, or none does
+            gone, sampled = rng.choice(rows), rng.random() < 0.5
+            new = gone if event < 0.01 else len(rows) if event < 0.02 and len(rows) < 4 else None
+            for d in (fast, slow):
+                d.end_row(gone)
+                if new is not None:
+                    d.start_row(new, sampled=sampled)
+            rows = sorted({*rows, *([new] if new is not None else [])} - ({gone} - {new}))
+            if not rows:
+                rows = [0]
+                for d in (fast, slow):
+                    d.start_row(0, sampled=sampled)
+        context += 1.0
+        budget = [rng.randrange(1, 200)] * len(rows)
+        waiting = lambda: 300.0  # noqa: E731
+        picked = [d.pick(len(rows), list(rows), context, look_back=True, budget=budget, catch_up=waiting,
+                         resume=waiting) for d in (fast, slow)]
+        assert picked[0].label == picked[1].label, step
+        assert fast.look_back_due == slow.look_back_due and fast.step == slow.step and fast.last == slow.last
+        assert (fast._steps, fast._since_draft, fast._probe_wait) == (slow._steps, slow._since_draft, slow._probe_wait)
+        accepted = [int(rng.random() < rate) for _ in rows]
+        hits = [rate * 20.0 for _ in rows]
+        seconds = 0.010 + 0.002 * rng.random()
+        for d in (fast, slow):
+            if picked[0].drafts:
+                d.observe(rows, picked[0], accepted)
+            if d.look_back_due:
+                d.observe_look_back(rows, hits, [20] * len(rows))
+                d.observe_catch_up(300.0, 0.004)
+            d.observe_step(len(rows), seconds)
+    assert quiet.count(True) > 30 and False in quiet
+
+
+def test_a_quiet_paused_batch_chooses_again_when_a_request_in_it_changes():
+    """A paused batch whose picks are quiet (``_quiet_step``) chooses again once a request ends and a sampled one
+    takes its row (the same rows, now priced as a sampled batch), as the whole pick does."""
+    import dataclasses
+
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = dataclasses.replace(flat_costs(batches=(1, 2)), sampled_overhead={1: 0.002, 2: 0.003})
+    d = AdaptiveDispatcher(costs, margin=100.0, batched_margin=100.0, probe_every=10**6, max_probe_every=10**6)
+    d.start_row(0)
+    d.start_row(1)
+    for i in range(9):
+        assert d.pick(2, [0, 1], 100.0 + i).label == "none"
+    greedy = d.last
+    assert d._quiet is not None and d.pick(2, [0, 1], 110.0) == d.none and d.last is greedy  # quiet
+    d.end_row(1)
+    d.start_row(1, sampled=True)
+    for i in range(d.repick_every):
+        d.pick(2, [0, 1], 111.0 + i)
+    assert d.last.step_s == pytest.approx(d._sampled_costs.verify_cost(2, 1, 114.0))
+    assert d.last.step_s > greedy.step_s

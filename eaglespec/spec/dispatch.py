@@ -173,6 +173,12 @@ class AdaptiveDispatcher:
         self._context: float | None = None
         self.feedback = StepCostFeedback() if cost_feedback else None
         self._catch_up_s = self._catch_up_pairs = 0.0  # decayed sums of timed catch-ups (``observe_catch_up``)
+        # (batch size, rows, context bucket) of a paused pick after which every pick with the same key returns
+        # ``none`` and changes nothing but the step counters until a probe is due (``_quiet_step``); None: the next
+        # pick goes the whole way. Set by a pick that pauses; whatever else a choice is made on (``_evidence``)
+        # drops it as it changes: a row that starts or ends, acceptance observed (``observe``, a look-back), a
+        # drafting step timed.
+        self._quiet: tuple | None = None
 
     def __repr__(self) -> str:
         return f"AdaptiveDispatcher(candidates={list(self.candidates)}, calibrated on {self.costs.fingerprint!r})"
@@ -194,6 +200,7 @@ class AdaptiveDispatcher:
             if 0.0 < w < t.tries[i]:
                 t.hits[i], t.tries[i] = t.hits[i] * w / t.tries[i], w
         self._sampled[row] = sampled
+        self._quiet = None
         # Alone in the batch (every batch of 1), its own acceptance is all the batch's evidence and none of it is
         # known yet: the paused batch probes ``probe_every`` steps after it joined. The waits doubled over the
         # requests before it (and the paused steps counted since their last probe) would otherwise leave it
@@ -211,6 +218,7 @@ class AdaptiveDispatcher:
             self._explore = True
 
     def end_row(self, row: int) -> None:
+        self._quiet = None
         self.rows.pop(row, None)
         self._sampled.pop(row, None)
 
@@ -219,6 +227,7 @@ class AdaptiveDispatcher:
         if not cfg.drafts:
             return
         self._observed += 1
+        self._quiet = None
         for r, k in zip(rows, n_accepted):
             for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
                 if isinstance(cfg, Chain):  # a chain's acceptance is per depth; other trees' per shape
@@ -231,6 +240,7 @@ class AdaptiveDispatcher:
         run) and ``hits`` the summed chance that each would have been accepted (for greedy drafts the count of
         steps whose top-1 guess was the target's next token)."""
         self._observed += 1
+        self._quiet = None
         for r, h, n in zip(rows, hits, tries):
             if n:
                 for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
@@ -240,6 +250,8 @@ class AdaptiveDispatcher:
         """The latest picked step took ``seconds`` of wall time (the caller leaves out steps that did other work:
         a catch-up of the draft cache, a look-back)."""
         if self.feedback is not None and self.step is not None:
+            if self.step.label != PLAIN:  # a drafting step timed: new evidence (``_evidence``)
+                self._quiet = None
             self.feedback.observe(batch_size, self.step.label, seconds, self.step.step_s / self.step.factor,
                                   self._context)
 
@@ -288,6 +300,9 @@ class AdaptiveDispatcher:
         rows = rows if rows is not None else list(self.rows)
         self._context = context
         self.look_back_due = False
+        bucket = None if context is None else int(context) // CONTEXT_BUCKET
+        if self._quiet is not None and self._quiet_step(batch_size, rows, bucket):
+            return self.none
         if self._probe_left > 0:  # inside a probe run: keep drafting the probe, re-choose right after it
             self._probe_left -= 1
             self._steps += 1
@@ -295,10 +310,8 @@ class AdaptiveDispatcher:
         # Re-choose every repick_every steps, but only on new evidence: while paused nothing is observed, and
         # the same answer cost ~0.1 ms a step on the 2-core EPYC (~1% of a paused step); a context grown by
         # CONTEXT_BUCKET tokens is new evidence too.
-        bucket = None if context is None else int(context) // CONTEXT_BUCKET
         costs = self._costs(rows)
-        evidence = (batch_size, tuple(rows), self._observed, bucket, costs is self._sampled_costs,
-                    self.feedback.drafted if self.feedback is not None else 0)
+        evidence = self._evidence(batch_size, rows, bucket)
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
@@ -334,7 +347,31 @@ class AdaptiveDispatcher:
                 self._probe, self._probe_left = deeper, self.deepen_steps - 1
                 return self._probe_step(batch_size, rows)
         self._probe_done = False
+        if not cfg.drafts and evidence == self._chosen_on:  # paused on this evidence, no probe due: the next picks
+            self._quiet = (batch_size, tuple(rows), bucket)  # on the same evidence are ``_quiet_step``s
         return cfg
+
+    def _quiet_step(self, batch_size: int, rows: Sequence[int], bucket: int | None) -> bool:
+        """A pick that ``pick`` would answer with ``none`` and no probe, taken in a few comparisons: the batch
+        is paused on the evidence it was last chosen on, that evidence has not changed since (the same rows,
+        context bucket, observations, pricing and drafted steps: ``pick`` would not choose again), and no probe
+        falls due at this step. Advances the counters as ``pick`` does; False where the whole pick must run.
+        Compares the batch, rows and bucket only: the rest of the evidence drops ``_quiet`` where it changes.
+        A paused step's proposer work (propose, commit, the price check) was ~75-95 us of a 5-9 ms step at batch 1
+        and 4 on a 2-core EPYC, and the whole pick 12 us of it, 4 this way (``quiet_ab.txt`` in
+        `docs/results/epyc-2026-11-29-s30/`)."""
+        if self._since_draft + 1 >= self._probe_wait or self._quiet != (batch_size, tuple(rows), bucket):
+            self._quiet = None
+            return False
+        self._steps += 1
+        self._since_draft += 1
+        self.step = self.last
+        return True
+
+    def _evidence(self, batch_size: int, rows: Sequence[int], bucket: int | None) -> tuple:
+        """What a choice is made on, besides the prices: a pick chooses again only where it changed."""
+        return (batch_size, tuple(rows), self._observed, bucket, self._costs(rows) is self._sampled_costs,
+                self.feedback.drafted if self.feedback is not None else 0)
 
     def _deeper(self, batch_size: int, rows: Sequence[int], cfg: TreeStrategy,
                 budget: Sequence[int] | None) -> Chain | None:

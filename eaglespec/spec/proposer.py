@@ -58,6 +58,10 @@ CATCH_UP_FORWARD_PAIRS = 16  # a head forward's fixed cost in encoded pairs: a c
 # plus 25-39 us a pair on a 2-core EPYC (1 and 4 rows; docs/results/epyc-2026-11-28-s25/catch_up_forward.txt), so
 # that rows whose waiting pairs differ a lot (a 400-token prompt beside a 50-token one) are cheaper in forwards of
 # their own (``plan_catch_up``)
+PLAIN_TIMED_EVERY = 4  # a paused step in this many is timed for the dispatcher's price check (``propose``): the
+# check of one took 17-19 us of a 5-9 ms step (batch 1 and 4, 2-core EPYC; paused_step_ab.txt in
+# docs/results/epyc-2026-11-29-s30/), and the plain price it keeps (a decayed mean over ~100 timed steps) then
+# spans ~400 paused steps, a few seconds
 LOOK_BACK = 32  # recorded pairs per row a look-back probe scores (the latest ones): ~1 ms of draft logits at
 # batch 1 on a 2-core Xeon, where each step of a probe that drafts costs 1.4-1.6 plain steps (~10 ms each)
 
@@ -186,6 +190,8 @@ class EagleProposer:
         self.step_label: str | None = None  # the tree of the latest propose() (its strategy's label)
         self.step_choice: Choice | None = None  # the cost model's prediction for it (adaptive dispatch only)
         self._timed = 0  # batch size of the latest propose() when its step is the chosen tree's work alone, else 0
+        self._adaptive = hasattr(self.dispatcher, "observe")  # acceptance-aware (dispatch.AdaptiveDispatcher)
+        self._plain_steps = 0  # paused steps so far: one in PLAIN_TIMED_EVERY is timed (``observe_step_time``)
 
     # ------------------------------------------------------------------------------- engine protocol
 
@@ -264,32 +270,38 @@ class EagleProposer:
         the device then; budget: the tokens each row may still generate (the dispatcher skips probes that
         could not pay within them)."""
         self._host = host
-        ids = list(host.rows) if host is not None else rows.tolist()
-        if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree
-            context = sum(host.lengths) / len(host.lengths) if host is not None and host.lengths else None
+        ids = host.rows if host is not None else rows.tolist()
+        n = len(ids)
+        if self._adaptive:  # acceptance-aware: the batch's rows pick the tree
+            context = sum(host.lengths) / n if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
             waiting = lambda: self.catch_up_pairs(ids)  # noqa: E731 - what a probe's or a resume's catch-up encodes
-            cfg = self.dispatcher.pick(int(rows.numel()), ids, context, look_back=self.max_lag > 0, budget=budget,
+            cfg = self.dispatcher.pick(n, ids, context, look_back=self.max_lag > 0, budget=budget,
                                        catch_up=waiting, resume=waiting)
         else:
-            cfg = self.dispatcher.pick(int(rows.numel()))
+            cfg = self.dispatcher.pick(n)
         self._cfg = cfg
         self.step_label = cfg.label
         self.step_choice = getattr(self.dispatcher, "step", None)
         # Rows at T > 0 draw their children from their own generators (rows at 0 take the top-k in the same
         # step); a tree whose children cannot be sampled (dynamic) drafts top-k for every row.
-        temps = [self._row_temperature.get(r, self.draft_temperature or 0.0) for r in ids] if cfg.drafts else ()
-        sampling = any(t > 0 for t in temps)  # some row draws its children at a temperature
-        if sampling and cfg.samples_children:
+        temps = [self._row_temperature.get(r, self.draft_temperature or 0.0) for r in ids] if cfg.drafts else None
+        if temps and cfg.samples_children and any(t > 0 for t in temps):  # some row draws its children at a T
             # every row drawing at T > 0 has its sampler (prefill made it; a row never prefilled gets seed + row)
             self._step_generators = [(self._generators.get(r) or self._new_generator(r, None)) if t > 0 else None
                                      for r, t in zip(ids, temps)]
             self._step_temperature = torch.tensor(temps, dtype=torch.float32, device=self.head.device)
         else:
             self._step_generators = self._step_temperature = None
-        # The engine drafts for all its active rows every step, so the bound covers every row that lags.
         look_back = getattr(self.dispatcher, "look_back_due", False)
-        self._timed = int(rows.numel())  # the step's batch size, for observe_step_time (0: not to be timed)
+        # the step's batch size, for observe_step_time (0: not to be timed); a paused step is timed once in
+        # PLAIN_TIMED_EVERY: they are most of a paused run's steps, and their price moves little
+        if cfg.drafts:
+            self._timed = n
+        else:
+            self._timed = n if self._plain_steps % PLAIN_TIMED_EVERY == 0 else 0
+            self._plain_steps += 1
+        # The engine drafts for all its active rows every step, so the bound covers every row that lags.
         if (self._lag_bound or self._prompts) and (cfg.drafts or look_back or self._lag_bound >= self.max_lag):
             self._catch_up(rows, ids, look_back)
             self._timed = 0  # the catch-up is not what the chosen tree costs
