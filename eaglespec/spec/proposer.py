@@ -190,7 +190,6 @@ class EagleProposer:
         self.step_label: str | None = None  # the tree of the latest propose() (its strategy's label)
         self.step_choice: Choice | None = None  # the cost model's prediction for it (adaptive dispatch only)
         self._timed = 0  # batch size of the latest propose() when its step is the chosen tree's work alone, else 0
-        self._adaptive = hasattr(self.dispatcher, "observe")  # acceptance-aware (dispatch.AdaptiveDispatcher)
         self._plain_steps = 0  # paused steps so far: one in PLAIN_TIMED_EVERY is timed (``observe_step_time``)
 
     # ------------------------------------------------------------------------------- engine protocol
@@ -272,7 +271,8 @@ class EagleProposer:
         self._host = host
         ids = host.rows if host is not None else rows.tolist()
         n = len(ids)
-        if self._adaptive:  # acceptance-aware: the batch's rows pick the tree
+        if hasattr(self.dispatcher, "observe"):  # acceptance-aware: the batch's rows pick the tree (the bench's
+            # warm-up swaps the dispatcher: asked every step)
             context = sum(host.lengths) / n if host is not None and host.lengths else None
             # a probe may look back over the recorded pairs instead of drafting (``_look_back``)
             waiting = lambda: self.catch_up_pairs(ids)  # noqa: E731 - what a probe's or a resume's catch-up encodes
