@@ -76,7 +76,7 @@ PROMPTS = [[5, 9, 11, 40, 7, 3, 22, 19], [8, 8, 30, 2, 61], [70, 4, 12, 12, 90, 
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "llama_biases"])  # qwen2: biases on q/k/v
-@pytest.mark.parametrize("case", ["decode", "tree", "rows_out_of_order", "hidden_states"])
+@pytest.mark.parametrize("case", ["decode", "tree", "rows_out_of_order", "hidden_states", "hidden_with_embeddings"])
 def test_one_call_layers_equal_the_python_layers(family, case):
     model = _packed(family)
     parents = [-1, 0, 0, 1, 2]
@@ -86,6 +86,8 @@ def test_one_call_layers_equal_the_python_layers(family, case):
         "tree": _forward([[3, 4, 5, 6, 7], [9, 10, 11, 12, 13]], [0, 1], tree),
         "rows_out_of_order": _forward([[3, 4], [5, 6]], [2, 0]),                # gathered keys and values
         "hidden_states": _forward([[3], [17], [44]], [0, 1, 2], hidden=(1, 3)),
+        # the embeddings (index 0) among the layers, out of order and repeated: the kernel's part split around them
+        "hidden_with_embeddings": _forward([[3, 4], [17, 5], [44, 6]], [0, 1, 2], hidden=(3, 0, 1, 3)),
     }[case]
     _assert_same(_both_paths(model, PROMPTS, step))
 
@@ -128,8 +130,14 @@ def test_a_call_with_weights_that_do_not_fit_is_refused_by_name():
     def steps(ws, k=cache.k, v=cache.v, keep=()):
         return torch.ops.eaglespec.layer_steps(x, ws, cos, sin, k, v, rows, slots, 0, 1, None, a.num_attention_heads,
                                                a.num_key_value_heads, a.rms_norm_eps, list(keep))
-    outs = steps(flat, keep=[0, a.num_hidden_layers - 1])
-    assert len(outs) == 3 and outs[2] is not outs[1] and torch.equal(outs[0], outs[2])
+    # the kept layers' outputs side by side, in the order asked (repeats allowed): the last layer's is the output
+    H, last = a.hidden_size, a.num_hidden_layers - 1
+    outs = steps(flat, keep=[last, 0, last])
+    assert len(outs) == 2 and outs[1].shape == (*x.shape[:-1], 3 * H)
+    assert torch.equal(outs[1][..., :H], outs[0]) and torch.equal(outs[1][..., 2 * H:], outs[0])
+    first = torch.ops.eaglespec.layer_steps(x, flat[:18], cos, sin, cache.k[:1], cache.v[:1], rows, slots, 0, 1, None,
+                                            a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps, [])
+    assert len(first) == 1 and torch.equal(outs[1][..., H:2 * H], first[0])  # layer 0's output: one layer's call
     with pytest.raises(RuntimeError, match="18 tensors a layer"):
         steps(flat[:-1])
     with pytest.raises(RuntimeError, match="caches must be"):

@@ -950,8 +950,9 @@ class Transformer(nn.Module):
         # 41 ms a layer on a 2-core EPYC), and a prompt's attention then does not depend on how it was batched
         exact_rows = self.row_attention
         one_call = not prefill and self.layer_steps is not None and x.is_cpu  # the packed layer kernel: decode only
+        aux = None
         if exact_rows and one_call and not torch.compiler.is_compiling():
-            x = self._layer_steps(x, rope, cache, plan, wanted, saved)
+            x, aux = self._layer_steps(x, rope, cache, plan, hidden_indices, saved)
         else:
             def attend(q: Tensor, k: Tensor, v: Tensor, i: int) -> Tensor:
                 return cached_attention(q, k, v, cache, i, plan=plan, compute_dtype=self.attention_dtype,
@@ -962,7 +963,8 @@ class Transformer(nn.Module):
                 if i + 1 in wanted:
                     saved[i + 1] = x
         hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)  # [B, T, H]
-        aux = torch.cat([saved[i] for i in hidden_indices], dim=-1) if hidden_indices else None
+        if aux is None and hidden_indices:
+            aux = torch.cat([saved[i] for i in hidden_indices], dim=-1)
 
         logits = None
         if logits_at is not None:
@@ -977,22 +979,25 @@ class Transformer(nn.Module):
         return ForwardOutput(hidden=hidden, aux=aux, logits=logits)
 
     def _layer_steps(self, x: Tensor, rope: tuple[Tensor, Tensor], cache: KVCache, plan: AttentionPlan,
-                     wanted: set[int], saved: dict[int, Tensor]) -> Tensor:
+                     hidden_indices: Sequence[int], saved: dict[int, Tensor]) -> tuple[Tensor, Tensor | None]:
         """The layers (``layer_steps``) in one ``eaglespec::layer_steps`` call, each as ``eaglespec::layer_step``
         computes it: what ``decoder_layer`` computes with ``cached_attention``'s row-independent attention, bit
-        for bit. Returns the last layer's residual stream and leaves the one after layer i + 1 in ``saved``
-        where wanted."""
+        for bit. Returns the last layer's residual stream and the ``aux`` of ``hidden_indices``: the kernel
+        writes the kept layers' outputs side by side (None when none is wanted; with the embeddings among them,
+        index 0, the layers' parts go to ``saved`` and the caller concatenates)."""
         a = self.args
         call = LayerStepCall(plan, x.shape[1], rope, a.num_attention_heads, a.num_key_value_heads, a.rms_norm_eps)
         if self._steps_flat is None or self._steps_flat[0] is not self.layer_steps:  # built once per layer_steps
             self._steps_flat = (self.layer_steps, layer_steps_weights(self.layer_steps))
-        keep = sorted(i for i in wanted if i >= 1)
+        keep = [i for i in hidden_indices if i >= 1]
         p = plan
         outs = torch.ops.eaglespec.layer_steps(x, self._steps_flat[1], call.cos, call.sin, cache.k, cache.v, p.rows,
                                                p.write_slots, call.first, p.n_slots, call.mask, *call.shape,
                                                [i - 1 for i in keep])
-        saved.update(zip(keep, outs[1:]))
-        return outs[0]
+        if not keep or len(keep) == len(hidden_indices):
+            return outs[0], outs[1] if keep else None
+        saved.update(zip(keep, outs[1].split(x.shape[-1], dim=-1)))
+        return outs[0], None
 
     def layer_step_args(self) -> list[tuple] | None:
         """Per layer, the weights ``eaglespec::layer_step`` takes (``layer_step_table``; layers with q/k norms
