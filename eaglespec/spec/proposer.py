@@ -313,7 +313,8 @@ class EagleProposer:
     def observe_step_time(self, seconds: float) -> None:
         """The engine's wall time of the latest step (propose, target forward, verification, commit): handed to
         an acceptance-aware dispatcher as the price check of the tree it chose, unless the step also caught the
-        draft cache up (resuming, a look-back probe), which is not that tree's cost."""
+        draft cache up (resuming, a look-back probe), which is not that tree's cost; of the paused steps one in
+        PLAIN_TIMED_EVERY (``propose`` decides which)."""
         if self._timed and hasattr(self.dispatcher, "observe_step"):
             self.dispatcher.observe_step(self._timed, seconds)
         self._timed = 0
