@@ -88,6 +88,10 @@ def main(dirs):
         for k, gs in groups(records).items():
             paired[k] += gs
     order = list(dict.fromkeys(k[0] for k in runs))  # datasets in the order given
+    print("| dataset | T | batch | prompts | vanilla tok/s | auto | auto, 95% interval over groups | auto, per-prompt "
+          "median | fixed trees (chains, by depth) | best fixed | auto >= 0.98x | auto within 5% of the best | predicted | "
+          "predicted / measured |")
+    print("|" + "---|" * 14)
     for k in sorted(runs, key=lambda k: (order.index(k[0]), k[1], k[2])):
         cells = runs[k]
         med = lambda f: statistics.median(f(c) for c in cells)  # noqa: E731
