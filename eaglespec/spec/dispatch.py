@@ -175,9 +175,9 @@ class AdaptiveDispatcher:
         self._catch_up_s = self._catch_up_pairs = 0.0  # decayed sums of timed catch-ups (``observe_catch_up``)
         # (batch size, rows, context bucket) of a paused pick after which every pick with the same key returns
         # ``none`` and changes nothing but the step counters until a probe is due (``_quiet_step``); None: the next
-        # pick goes the whole way. Set by a pick that pauses; whatever else a choice is made on (``_evidence``)
-        # drops it as it changes: a row that starts or ends, acceptance observed (``observe``, a look-back), a
-        # drafting step timed.
+        # pick goes the whole way. Set by a pick that pauses; whatever else a choice is made on (``evidence`` in
+        # ``pick``) drops it as it changes: a row that starts or ends, acceptance observed (``observe``, a
+        # look-back), a drafting step timed.
         self._quiet: tuple | None = None
 
     def __repr__(self) -> str:
@@ -250,7 +250,7 @@ class AdaptiveDispatcher:
         """The latest picked step took ``seconds`` of wall time (the caller leaves out steps that did other work:
         a catch-up of the draft cache, a look-back)."""
         if self.feedback is not None and self.step is not None:
-            if self.step.label != PLAIN:  # a drafting step timed: new evidence (``_evidence``)
+            if self.step.label != PLAIN:  # a drafting step timed: new evidence for the choice (``pick``)
                 self._quiet = None
             self.feedback.observe(batch_size, self.step.label, seconds, self.step.step_s / self.step.factor,
                                   self._context)
@@ -311,7 +311,8 @@ class AdaptiveDispatcher:
         # the same answer cost ~0.1 ms a step on the 2-core EPYC (~1% of a paused step); a context grown by
         # CONTEXT_BUCKET tokens is new evidence too.
         costs = self._costs(rows)
-        evidence = self._evidence(batch_size, rows, bucket)
+        evidence = (batch_size, tuple(rows), self._observed, bucket, costs is self._sampled_costs,
+                    self.feedback.drafted if self.feedback is not None else 0)
         if (self._steps % self.repick_every == 0 and evidence != self._chosen_on) or self.last is None \
                 or self._probe_done:
             self._chosen_on = evidence
@@ -367,11 +368,6 @@ class AdaptiveDispatcher:
         self._since_draft += 1
         self.step = self.last
         return True
-
-    def _evidence(self, batch_size: int, rows: Sequence[int], bucket: int | None) -> tuple:
-        """What a choice is made on, besides the prices: a pick chooses again only where it changed."""
-        return (batch_size, tuple(rows), self._observed, bucket, self._costs(rows) is self._sampled_costs,
-                self.feedback.drafted if self.feedback is not None else 0)
 
     def _deeper(self, batch_size: int, rows: Sequence[int], cfg: TreeStrategy,
                 budget: Sequence[int] | None) -> Chain | None:
