@@ -1863,7 +1863,7 @@ def test_a_quiet_paused_pick_is_the_whole_pick(seed):
         event = rng.random()
         if event < 0.03:  # a request ends; another takes its row, joins in a new row, or none does
             gone, sampled = rng.choice(rows), rng.random() < 0.5
-            new = gone if event < 0.01 else len(rows) if event < 0.02 and len(rows) < 4 else None
+            new = gone if event < 0.01 else max(rows) + 1 if event < 0.02 and len(rows) < 4 else None
             for d in (fast, slow):
                 d.end_row(gone)
                 if new is not None:
