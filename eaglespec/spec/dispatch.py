@@ -173,11 +173,11 @@ class AdaptiveDispatcher:
         self._context: float | None = None
         self.feedback = StepCostFeedback() if cost_feedback else None
         self._catch_up_s = self._catch_up_pairs = 0.0  # decayed sums of timed catch-ups (``observe_catch_up``)
-        # (batch size, rows, context bucket) of a paused pick after which every pick with the same key returns
-        # ``none`` and changes nothing but the step counters until a probe is due (``_quiet_step``); None: the next
-        # pick goes the whole way. Set by a pick that pauses; whatever else a choice is made on (``evidence`` in
-        # ``pick``) drops it as it changes: a row that starts or ends, acceptance observed (``observe``, a
-        # look-back), a drafting step timed.
+        # (batch size, rows, context bucket, observations, drafted steps) of a paused pick after which every pick
+        # with the same key returns ``none`` and changes nothing but the step counters until a probe is due
+        # (``_quiet_step``); None: the next pick goes the whole way. Set by a pick that pauses; the rest of what a
+        # choice is made on (``evidence`` in ``pick``: which rows sample) changes only as a row starts or ends,
+        # which drops it.
         self._quiet: tuple | None = None
 
     def __repr__(self) -> str:
@@ -227,7 +227,6 @@ class AdaptiveDispatcher:
         if not cfg.drafts:
             return
         self._observed += 1
-        self._quiet = None
         for r, k in zip(rows, n_accepted):
             for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
                 if isinstance(cfg, Chain):  # a chain's acceptance is per depth; other trees' per shape
@@ -240,7 +239,6 @@ class AdaptiveDispatcher:
         run) and ``hits`` the summed chance that each would have been accepted (for greedy drafts the count of
         steps whose top-1 guess was the target's next token)."""
         self._observed += 1
-        self._quiet = None
         for r, h, n in zip(rows, hits, tries):
             if n:
                 for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
@@ -250,8 +248,6 @@ class AdaptiveDispatcher:
         """The latest picked step took ``seconds`` of wall time (the caller leaves out steps that did other work:
         a catch-up of the draft cache, a look-back)."""
         if self.feedback is not None and self.step is not None:
-            if self.step.label != PLAIN:  # a drafting step timed: new evidence for the choice (``pick``)
-                self._quiet = None
             self.feedback.observe(batch_size, self.step.label, seconds, self.step.step_s / self.step.factor,
                                   self._context)
 
@@ -349,7 +345,7 @@ class AdaptiveDispatcher:
                 return self._probe_step(batch_size, rows)
         self._probe_done = False
         if not cfg.drafts and evidence == self._chosen_on:  # paused on this evidence, no probe due: the next picks
-            self._quiet = (batch_size, tuple(rows), bucket)  # on the same evidence are ``_quiet_step``s
+            self._quiet = self._quiet_key(batch_size, rows, bucket)  # on the same evidence are ``_quiet_step``s
         return cfg
 
     def _quiet_step(self, batch_size: int, rows: Sequence[int], bucket: int | None) -> bool:
@@ -357,17 +353,21 @@ class AdaptiveDispatcher:
         is paused on the evidence it was last chosen on, that evidence has not changed since (the same rows,
         context bucket, observations, pricing and drafted steps: ``pick`` would not choose again), and no probe
         falls due at this step. Advances the counters as ``pick`` does; False where the whole pick must run.
-        Compares the batch, rows and bucket only: the rest of the evidence drops ``_quiet`` where it changes.
+        Compares the key only: a row that starts or ends drops ``_quiet`` (its request may sample).
         A paused step's proposer work (propose, commit, the price check) was ~75-95 us of a 5-9 ms step at batch 1
         and 4 on a 2-core EPYC, and the whole pick 12 us of it, 4 this way (``quiet_ab.txt`` in
         `docs/results/epyc-2026-11-29-s30/`)."""
-        if self._since_draft + 1 >= self._probe_wait or self._quiet != (batch_size, tuple(rows), bucket):
+        if self._since_draft + 1 >= self._probe_wait or self._quiet != self._quiet_key(batch_size, rows, bucket):
             self._quiet = None
             return False
         self._steps += 1
         self._since_draft += 1
         self.step = self.last
         return True
+
+    def _quiet_key(self, batch_size: int, rows: Sequence[int], bucket: int | None) -> tuple:
+        """The part of a pick's evidence that a quiet pick compares: all of it but which rows sample."""
+        return (batch_size, tuple(rows), bucket, self._observed, self.feedback.drafted if self.feedback is not None else 0)
 
     def _deeper(self, batch_size: int, rows: Sequence[int], cfg: TreeStrategy,
                 budget: Sequence[int] | None) -> Chain | None:
