@@ -367,7 +367,8 @@ class AdaptiveDispatcher:
 
     def _quiet_key(self, batch_size: int, rows: Sequence[int], bucket: int | None) -> tuple:
         """The part of a pick's evidence that a quiet pick compares: all of it but which rows sample."""
-        return (batch_size, tuple(rows), bucket, self._observed, self.feedback.drafted if self.feedback is not None else 0)
+        drafted = self.feedback.drafted if self.feedback is not None else 0
+        return batch_size, tuple(rows), bucket, self._observed, drafted
 
     def _deeper(self, batch_size: int, rows: Sequence[int], cfg: TreeStrategy,
                 budget: Sequence[int] | None) -> Chain | None:
