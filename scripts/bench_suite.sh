@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full benchmark suite of the README, on the default model and the shipped head, into one directory.
+# The full benchmark suite of docs/results/HISTORY.md ("The benchmark suite"), on the default model and the shipped head, into one directory.
 #
 #   bash scripts/bench_suite.sh [OUT_DIR]        (default results/suite)
 #

@@ -191,7 +191,7 @@ def dataset_tables(records: Records) -> list[str]:
 
 
 def summary_table(records: Records) -> list[str]:
-    """One row per dataset, temperature and method at the dataset's smallest batch size: the README summary."""
+    """One row per dataset, temperature and method at the dataset's smallest batch size: the summary table."""
     rows = []
     for (ds, temp), rs in sorted(_groups(records, "dataset", "temperature").items()):
         batch, rs = at_smallest_batch(rs)

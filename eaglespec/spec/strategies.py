@@ -444,7 +444,7 @@ class TreeDispatcher:
         return f"TreeDispatcher({list(zip(self.starts, self.configs))})"
 
 
-# Measured on this project's 2-core CPU with the shipped SmolLM2-135M head (fp32, 2 threads; README "Results",
+# Measured on this project's 2-core CPU with the shipped SmolLM2-135M head (fp32, 2 threads; docs/results/HISTORY.md,
 # docs/results/suite and default-tree): a target forward over 2 tokens costs the same as over 1 (cost curve
 # 1.00), over 4 tokens 1.55x, and the head gets ~0.3 tokens accepted at depth 1 and ~0.08 at depth 2. So a
 # single draft wins at batch 1: chain 1 1.10x vs chain 2 1.03x (40 MT-bench first turns, interleaved; chain 4
