@@ -5,68 +5,19 @@
 # The model's 121 packed linears (30 layers' qkv / o / gate-up / down and the lm_head; random int4 weights, seeded)
 # at 1-8 rows, every variant in turn each round (order reversed every other round), medians after 2 rounds;
 # outputs asserted equal to w4_main's at every row count.
-import statistics, sys, time
+import ast, statistics, sys, time
+from pathlib import Path
 
 import torch
 
 from common import build, replace_once, source
 from eaglespec.runtime import allocator, cpu_kernels, w4a8
 
-SUMS = '''    __m512i s0[MR], s1[MR];
-    for (int r = 0; r < MR; ++r) s0[r] = s1[r] = _mm512_setzero_si512();
-    for (int c = 0; c < 8; c += 2) {
-      for (int r = 0; r < MR; ++r) {
-        const int32_t* x4 = reinterpret_cast<const int32_t*>(xq + r * k + g * kGroup);
-        s0[r] = _mm512_dpbusd_epi32(s0[r], w[c], _mm512_set1_epi32(x4[c]));
-        s1[r] = _mm512_dpbusd_epi32(s1[r], w[c + 1], _mm512_set1_epi32(x4[c + 1]));
-      }
-    }
-    for (int r = 0; r < MR; ++r) {
-      const __m512i isum = _mm512_add_epi32(s0[r], s1[r]);
-      const __m512 f = _mm512_mul_ps(sc, _mm512_set1_ps(xd[r * groups + g]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), f, acc[r]);
-      acc[r] = _mm512_fmadd_ps(ze, _mm512_set1_ps(xs[r * groups + g]), acc[r]);
-    }
-'''
-CHUNK = '''    constexpr int kChunk = MR > 4 ? (MR + 1) / 2 : MR;
-    for (int r0 = 0; r0 < MR; r0 += kChunk) {
-      const int rn = MR - r0 < kChunk ? MR - r0 : kChunk;
-      __m512i s0[kChunk], s1[kChunk];
-      for (int r = 0; r < kChunk; ++r) s0[r] = s1[r] = _mm512_setzero_si512();
-      for (int c = 0; c < 8; c += 2) {
-        for (int r = 0; r < kChunk; ++r) {
-          if (r >= rn) break;
-          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq + (r0 + r) * k + g * kGroup);
-          s0[r] = _mm512_dpbusd_epi32(s0[r], w[c], _mm512_set1_epi32(x4[c]));
-          s1[r] = _mm512_dpbusd_epi32(s1[r], w[c + 1], _mm512_set1_epi32(x4[c + 1]));
-        }
-      }
-      for (int r = 0; r < kChunk; ++r) {
-        if (r >= rn) break;
-        const __m512i isum = _mm512_add_epi32(s0[r], s1[r]);
-        const __m512 f = _mm512_mul_ps(sc, _mm512_set1_ps(xd[(r0 + r) * groups + g]));
-        acc[r0 + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), f, acc[r0 + r]);
-        acc[r0 + r] = _mm512_fmadd_ps(ze, _mm512_set1_ps(xs[(r0 + r) * groups + g]), acc[r0 + r]);
-      }
-    }
-'''
-IL1 = '''    constexpr int kChains = MR > 4 ? 1 : 2;
-    __m512i s[kChains][MR];
-    for (int h = 0; h < kChains; ++h)
-      for (int r = 0; r < MR; ++r) s[h][r] = _mm512_setzero_si512();
-    for (int c = 0; c < 8; c += kChains)
-      for (int h = 0; h < kChains; ++h)
-        for (int r = 0; r < MR; ++r) {
-          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq + r * k + g * kGroup);
-          s[h][r] = _mm512_dpbusd_epi32(s[h][r], w[c + h], _mm512_set1_epi32(x4[c + h]));
-        }
-    for (int r = 0; r < MR; ++r) {
-      const __m512i isum = kChains == 1 ? s[0][r] : _mm512_add_epi32(s[0][r], s[kChains - 1][r]);
-      const __m512 f = _mm512_mul_ps(sc, _mm512_set1_ps(xd[r * groups + g]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), f, acc[r]);
-      acc[r] = _mm512_fmadd_ps(ze, _mm512_set1_ps(xs[r * groups + g]), acc[r]);
-    }
-'''
+# The loop and both variants as session 19 wrote them (its variants.py, read as data: running it writes files).
+S19 = Path(__file__).resolve().parents[2] / "epyc-2026-11-27-s19" / "scripts" / "variants.py"
+CONST = {t.id: ast.literal_eval(node.value) for node in ast.parse(S19.read_text()).body
+         if isinstance(node, ast.Assign) for t in node.targets if t.id in ("SUMS", "VARIANTS")}
+SUMS, CHUNK, IL1 = CONST["SUMS"], CONST["VARIANTS"]["w4_chunk"], CONST["VARIANTS"]["w4_il1"]
 allocator.tune(); torch.set_num_threads(2)
 print("cpu:", cpu_kernels.cpuinfo("model name"), "| torch", torch.__version__, "| 2 threads")
 src = source("w4a8.cpp")
