@@ -1,11 +1,12 @@
 """The in-process A/B protocol (measure/ab.py): arms rotate per group, the first group is a warm-up, totals and
 outputs are per arm; checked by hand on fake engines that log their calls."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from eaglespec.measure.ab import rotate_arms
+from eaglespec.measure.ab import first_turn_requests, rotate_arms
 
 
 class FakeEngine:
@@ -40,3 +41,30 @@ def test_nonsense_settings_are_refused_by_name():
         rotate_arms({"a": FakeEngine("a", [], 0.0)}, [1], 0, 1)
     with pytest.raises(ValueError, match="an arm"):
         rotate_arms({}, [1], 1, 1)
+
+
+class ChatTokenizer:
+    """Renders a chat as "<role>content" pieces and encodes each character as its code point."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt and not tokenize
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def encode(self, text, add_special_tokens):
+        assert not add_special_tokens
+        return [ord(c) for c in text]
+
+
+def test_first_turn_requests_take_each_categorys_first_questions_with_seeds_by_index(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [("a", ["a1", "a1 again"]), ("b", ["b1"]), ("a", ["a2"]), ("a", ["a3"]), ("b", ["b2"])]
+    path.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": t}) + "\n"
+                            for i, (c, t) in enumerate(rows)))
+    reqs = first_turn_requests(ChatTokenizer(), str(path), 2, 0.7, max_new_tokens=9)
+    texts = ["".join(map(chr, r.prompt_ids)) for r in reqs]
+    assert texts == [f"<user>{q}<assistant>" for q in ("a1", "b1", "a2", "b2")]  # file order, two a category
+    assert [r.config.sampling.seed for r in reqs] == [0, 1, 2, 3]
+    settings = {(r.config.max_new_tokens, r.config.ignore_eos, r.config.sampling.temperature) for r in reqs}
+    assert settings == {(9, True, 0.7)}
+    with pytest.raises(ValueError, match="per_category must be >= 1"):
+        first_turn_requests(ChatTokenizer(), str(path), 0, 0.7)

@@ -15,7 +15,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ArmTotals", "rotate_arms"]
+from eaglespec.config import GenerationConfig, SamplingParams
+from eaglespec.datasets import encode_messages, load_questions
+from eaglespec.engine.generate import Request
+
+__all__ = ["ArmTotals", "first_turn_requests", "rotate_arms"]
 
 
 @dataclass
@@ -25,6 +29,20 @@ class ArmTotals:
     tokens: int = 0
     rounds: collections.Counter = field(default_factory=collections.Counter)
     outputs: dict[int, list[int]] = field(default_factory=dict)  # request index -> token ids
+
+
+def first_turn_requests(tokenizer, path: str, per_category: int, temperature: float,
+                        max_new_tokens: int = 128) -> list[Request]:
+    """The comparison scripts' requests: the first turn of the first ``per_category`` questions of each category of
+    the dataset file ``path``, through the tokenizer's chat template; request i samples with seed i at
+    ``temperature`` and decodes exactly ``max_new_tokens`` tokens (EOS ignored), so every arm decodes as many."""
+    if per_category < 1:
+        raise ValueError(f"per_category must be >= 1, got {per_category}")
+    questions = load_questions(path, per_category=per_category)
+    config = lambda i: GenerationConfig(max_new_tokens, SamplingParams(temperature=temperature, seed=i),  # noqa: E731
+                                        ignore_eos=True)
+    return [Request(encode_messages(tokenizer, [{"role": "user", "content": q.turns[0]}]), config(i))
+            for i, q in enumerate(questions)]
 
 
 def rotate_arms(arms: Mapping[str, object], requests: Sequence, batch: int, passes: int,

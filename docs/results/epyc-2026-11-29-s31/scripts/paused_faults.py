@@ -11,10 +11,9 @@ import resource, statistics, sys, time
 
 import torch
 
-from eaglespec.config import GenerationConfig, SamplingParams
-from eaglespec.datasets import encode_messages, load_questions
 from eaglespec.engine.calibrate import build_calibrated_proposer
-from eaglespec.engine.generate import Engine, Request
+from eaglespec.engine.generate import Engine
+from eaglespec.measure.ab import first_turn_requests
 from eaglespec.runtime import allocator, cpu_kernels
 from eaglespec.runtime.loading import load_target
 from eaglespec.spec.speculative import DraftOptions
@@ -23,10 +22,7 @@ allocator.tune(); torch.set_num_threads(2)
 print("cpu:", cpu_kernels.cpuinfo("model name"), "| torch", torch.__version__, "| 2 threads")
 path, per_cat, batch, temp, passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 target = load_target(None)
-qs = load_questions(path, per_category=per_cat)
-prompts = [encode_messages(target.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in qs]
-reqs = [Request(p, GenerationConfig(128, SamplingParams(temperature=temp, seed=i), ignore_eos=True))
-        for i, p in enumerate(prompts)]
+reqs = first_turn_requests(target.tokenizer, path, per_cat, temp)
 groups = [reqs[i:i + batch] for i in range(0, len(reqs), batch)]
 
 
