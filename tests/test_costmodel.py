@@ -891,6 +891,85 @@ def test_each_request_alone_gets_one_look_back_even_where_the_pool_says_no_recov
     assert _probed_steps(d, 120) == []  # without look-back a probe drafts: the rule alone decides
 
 
+def test_the_spread_of_requests_acceptance_by_hand():
+    """``RequestSpread``: the requests' mean rate, their variance less each one's sampling noise (at least the sd
+    floor squared) as a Beta's strength, a request's posterior from it and its own counts; requests with too little
+    evidence not counted, only the latest ``keep`` kept, nothing said below ``min_requests``, bad counts refused."""
+    from eaglespec.spec.costmodel import RequestSpread
+
+    s = RequestSpread(keep=3, min_requests=2, min_tries=8, sd_floor=0.01)
+    assert s.prior() is None and s.posterior(3, 10) is None
+    assert not s.add(1, 4)  # below min_tries: not counted
+    assert s.add(40, 100) and s.prior() is None  # one request: no spread yet
+    assert s.add(60, 100)
+    m, k = s.prior()
+    v = 0.02 - 0.0024  # rates 0.4 and 0.6: variance 0.02 (n - 1), less the mean of 0.24 / 100
+    assert m == pytest.approx(0.5) and k == pytest.approx(0.25 / v - 1)
+    mean, sd = s.posterior(3, 10)
+    assert mean == pytest.approx((k * 0.5 + 3) / (k + 10)) and sd == pytest.approx(math.sqrt(mean * (1 - mean) / (k + 11)))
+    s.add(50, 100)
+    s.add(50, 100)  # keep=3: the 0.4 leaves; 0.6, 0.5, 0.5 stay
+    m, k = s.prior()
+    assert m == pytest.approx(1.6 / 3) and len(s.seen) == 3
+    alike = RequestSpread(min_requests=2, sd_floor=0.05)
+    alike.add(50, 100)
+    alike.add(50, 100)  # no spread at all: the floor's sd 0.05 stands
+    assert alike.prior() == pytest.approx((0.5, 0.25 / 0.05 ** 2 - 1))
+    wild = RequestSpread(min_requests=2)
+    wild.add(0, 100)
+    wild.add(100, 100)  # as far apart as rates go: the strength bottoms at one pseudo-try
+    assert wild.prior() == pytest.approx((0.5, 1.0))
+    with pytest.raises(ValueError, match="hits <= tries"):
+        s.add(5, 4)
+    with pytest.raises(ValueError, match="min_requests"):
+        RequestSpread(keep=3, min_requests=4)
+
+
+def test_a_request_alone_looks_back_only_where_the_requests_before_it_say_it_could_win():
+    """Once enough requests were counted (``RequestSpread``), a request alone in its batch looks back only where
+    the mean saving over its possible rates (the spread's posterior) repays the look-back: after requests that all
+    accepted ~20% (break-even ~38%) it stays paused, except the first and every ``EXPLORE_EVERY``-th request,
+    which explore anyway; after requests split between 10% and 70% it looks back. Before enough requests, and
+    with several rows, the optimist's rule decides as before."""
+    from eaglespec.spec import dispatch
+    from eaglespec.spec.dispatch import AdaptiveDispatcher
+
+    costs = flat_costs(per_token=0.004)  # chain 1 pays above ~38% depth-1 acceptance at batch 1
+
+    def requests(rates):
+        d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], repick_every=1, probe_every=4, max_probe_every=64,
+                               probe_steps=1, prior=AcceptanceTracker(prior=(0.2, 0.2), weight=1e6))
+        explored = []
+        for rate in rates:
+            d.start_row(0)
+            looked = False
+            for _ in range(12):  # until its first look-back (after which it may draft)
+                assert not d.pick(1, [0], look_back=True, budget=[100]).drafts
+                if d.look_back_due:
+                    looked = True
+                    d.observe_look_back([0], [32 * rate], [32])
+                    break
+            explored.append(looked)
+            d.end_row(0)
+        return explored, d
+
+    assert dispatch.EXPLORE_EVERY == 4
+    low, d = requests([0.2] * 10)
+    # requests 0-3: too few counted (the rule before); 4 and 8: the forced explorers; the rest stay paused
+    assert low == [True] * 5 + [False] * 3 + [True, False], low
+    assert len(d.spreads[False].seen) == 6  # the six that looked back were counted, the others had no evidence
+    split, _ = requests([0.1, 0.7] * 5)
+    assert split == [True] * 10, split
+    # never counted: requests that see too little evidence (4 pairs each) leave the rule before as it was
+    few = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], repick_every=1, probe_every=4, max_probe_every=64,
+                             probe_steps=1, prior=AcceptanceTracker(prior=(0.2, 0.2), weight=1e6))
+    for _ in range(6):
+        few.start_row(0)
+        few.observe_look_back([0], [0.8], [4])
+        few.end_row(0)
+    assert not few.spreads[False].seen
+
+
 def test_a_batch_of_several_probes_only_where_a_smaller_recovery_would_pay():
     """With several rows a probe needs drafting to pay at ``batched_probe_optimism`` (1.2) times the rows' mean
     acceptance, not 1.5 times: a batch's mean moves less than one request's."""

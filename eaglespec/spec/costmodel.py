@@ -34,6 +34,7 @@ Pure functions and small trackers; the dispatcher that uses them lives with the 
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,8 +44,8 @@ from eaglespec.spec.strategies import NoDraft
 PLAIN = NoDraft().label
 """The label of a plain step (no drafting): speedup 1 by definition."""
 
-__all__ = ["AcceptanceTracker", "CostTable", "Choice", "StepCostFeedback", "chain_expected_tokens", "choose",
-           "predicted_speedup", "score"]
+__all__ = ["AcceptanceTracker", "CostTable", "Choice", "RequestSpread", "StepCostFeedback", "chain_expected_tokens",
+           "choose", "predicted_speedup", "score"]
 
 
 def chain_expected_tokens(accept: Sequence[float], depth: int) -> float:
@@ -275,6 +276,70 @@ class AcceptanceTracker:
             s, w = self.shape_tokens[label]
             return s / w
         return chain_expected_tokens(self.rates(), chain_depth)
+
+
+@dataclass
+class RequestSpread:
+    """How a head's depth-1 acceptance varies from request to request (empirical Bayes).
+
+    Each request that ended with at least ``min_tries`` of its own depth-1 evidence (its decayed hits and tries:
+    drafted chains and look-backs, none of the pool's prior) adds its counts; the latest ``keep`` are summarized
+    as a Beta distribution of the requests' true rates by moments: mean m = the requests' mean rate, variance v =
+    the variance of their rates less the part each one's own sampling noise explains (rate (1 - rate) / tries),
+    at least ``sd_floor`` squared (a few requests that happen to agree must not make the next one certain),
+    strength k = m (1 - m) / v - 1 pseudo-tries (at least 1). ``posterior(hits, tries)`` is a request's rate
+    given that prior and its own counts: mean (k m + hits) / (k + tries), variance mean (1 - mean) /
+    (k + tries + 1); None until ``min_requests`` requests were counted.
+
+    Why: whether a paused request should pay a probe's catch-up depends on what the probe could find, and one
+    request's own 16-32 look-back pairs cannot tell a 0.33 from a 0.40 (sd ~0.08-0.1) where break-even is ~0.39;
+    the requests before it can (``dispatch.AdaptiveDispatcher._probe_worth``)."""
+
+    keep: int = 32
+    min_requests: int = 4
+    min_tries: float = 8.0
+    sd_floor: float = 0.05
+    seen: collections.deque = field(default_factory=collections.deque)  # (hits, tries) per request, oldest first
+
+    def __post_init__(self) -> None:
+        if self.keep < self.min_requests or self.min_requests < 2 or not self.min_tries > 0 \
+                or not 0.0 < self.sd_floor < 0.5:
+            raise ValueError(f"RequestSpread needs keep >= min_requests >= 2, min_tries > 0 and sd_floor in (0, 0.5), "
+                             f"got keep {self.keep}, min_requests {self.min_requests}, min_tries {self.min_tries}, "
+                             f"sd_floor {self.sd_floor}")
+
+    def add(self, hits: float, tries: float) -> bool:
+        """A request's own depth-1 evidence as it ends; False (not counted) below ``min_tries``."""
+        if not 0.0 <= hits <= tries or not math.isfinite(tries):
+            raise ValueError(f"a request's depth-1 evidence must be 0 <= hits <= tries, got {hits} of {tries}")
+        if tries < self.min_tries:
+            return False
+        self.seen.append((hits, tries))
+        while len(self.seen) > self.keep:
+            self.seen.popleft()
+        return True
+
+    def prior(self) -> tuple[float, float] | None:
+        """(mean rate m, strength k in pseudo-tries) of the requests' rates; None below ``min_requests``."""
+        n = len(self.seen)
+        if n < self.min_requests:
+            return None
+        rates = [h / t for h, t in self.seen]
+        m = sum(rates) / n
+        var = sum((r - m) ** 2 for r in rates) / (n - 1)
+        noise = sum(r * (1.0 - r) / t for r, (_, t) in zip(rates, self.seen)) / n
+        v = max(var - noise, self.sd_floor ** 2)
+        return m, max(m * (1.0 - m) / v - 1.0, 1.0)
+
+    def posterior(self, hits: float, tries: float) -> tuple[float, float] | None:
+        """(mean, sd) of a request's depth-1 rate given its own ``hits`` of ``tries``; None below
+        ``min_requests``."""
+        p = self.prior()
+        if p is None:
+            return None
+        m, k = p
+        mean = (k * m + hits) / (k + tries)
+        return mean, math.sqrt(mean * (1.0 - mean) / (k + tries + 1.0))
 
 
 @dataclass(frozen=True)

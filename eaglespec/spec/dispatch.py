@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 
-from eaglespec.spec.costmodel import PLAIN, AcceptanceTracker, Choice, CostTable, StepCostFeedback, choose, score
+from eaglespec.spec.costmodel import (PLAIN, AcceptanceTracker, Choice, CostTable, RequestSpread, StepCostFeedback,
+                                      choose, score)
 from eaglespec.spec.strategies import Chain, DynamicTree, NoDraft, TreeStrategy
 
 __all__ = ["AdaptiveDispatcher", "DEFAULT_CANDIDATES"]
@@ -110,6 +112,16 @@ only where its catch-up outweighs what even ``probe_optimism`` times these rates
 (``_probe_could_pay``): e.g. a prompt of thousands of tokens with a short answer, whose look-back would encode the
 whole prompt through the head for a resume that could not repay it."""
 
+EXPLORE_EVERY = 4
+"""Of the requests that start alone in their batch, the first and every ``EXPLORE_EVERY``-th after it explore by
+the floor rule above (``EXPLORE_FLOOR``) whatever the requests before them showed; the others' look-backs are
+priced against what they could find (``AdaptiveDispatcher._probe_worth``). The explorers keep the spread of the
+requests' acceptance current: a request whose look-back is skipped adds no evidence to it."""
+
+SPREAD_QUANTILES: tuple[float, ...] = tuple(statistics.NormalDist().inv_cdf((j + 0.5) / 8) for j in range(8))
+"""Where ``_probe_worth`` reads a request's possible depth-1 rates: the midpoints of 8 equally likely bands of a
+normal distribution with the posterior's mean and sd (in sds from the mean)."""
+
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
 )
@@ -149,6 +161,12 @@ class AdaptiveDispatcher:
         self.pools = {False: prior or AcceptanceTracker(), True: AcceptanceTracker()}  # greedy / sampled requests
         self.rows: dict[int, AcceptanceTracker] = {}
         self._sampled: dict[int, bool] = {}  # row -> its request samples (T > 0)
+        # row -> its own depth-1 evidence (drafted chains, look-backs; decayed like ``rows``, without the pool's
+        # prior), which each request hands to the spread of its kind when it ends (``end_row``)
+        self._own: dict[int, AcceptanceTracker] = {}
+        self.spreads = {False: RequestSpread(), True: RequestSpread()}  # greedy / sampled requests
+        self._alone_started = 0  # requests that started alone in their batch (``EXPLORE_EVERY``)
+        self._explore_forced = False  # the request alone explores by the floor rule (``EXPLORE_EVERY``)
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.batched_margin = batched_margin
         self.keep_margin = keep_margin
@@ -200,6 +218,7 @@ class AdaptiveDispatcher:
             if 0.0 < w < t.tries[i]:
                 t.hits[i], t.tries[i] = t.hits[i] * w / t.tries[i], w
         self._sampled[row] = sampled
+        self._own[row] = AcceptanceTracker(p.decay, (0.0,), 0.0)
         self._quiet = None
         # Alone in the batch (every batch of 1), its own acceptance is all the batch's evidence and none of it is
         # known yet: the paused batch probes ``probe_every`` steps after it joined. The waits doubled over the
@@ -213,14 +232,21 @@ class AdaptiveDispatcher:
         # request accepted ~5%, no probe in the next 13 requests, `--tree auto` 0.96x vanilla where the chain of 1
         # ran 1.06x and the requests' own rates were ~0.3-0.4). One look-back a request: a catch-up over its
         # prompt and first pairs (~1 plain step at batch 1), which drafting needs anyway if it resumes.
+        # Since session 32 that look-back is priced against what it could find where enough requests were seen
+        # (``_probe_worth``), except for every ``EXPLORE_EVERY``-th request, which keeps the rule above.
         if len(self.rows) == 1:
             self._probe_wait, self._since_draft = self.probe_every, 0
             self._explore = True
+            self._explore_forced = self._alone_started % EXPLORE_EVERY == 0
+            self._alone_started += 1
 
     def end_row(self, row: int) -> None:
         self._quiet = None
         self.rows.pop(row, None)
-        self._sampled.pop(row, None)
+        sampled = self._sampled.pop(row, False)
+        own = self._own.pop(row, None)
+        if own is not None:
+            self.spreads[sampled].add(own.hits[0], own.tries[0])
 
     def observe(self, rows: Sequence[int], cfg: TreeStrategy, n_accepted: Sequence[int]) -> None:
         """After verifying ``cfg`` for these rows: accepted draft tokens per row."""
@@ -233,6 +259,8 @@ class AdaptiveDispatcher:
                     t.update_chain(cfg.depth, k)
                 else:
                     t.update_shape(cfg.label, k + 1.0)
+            if isinstance(cfg, Chain) and r in self._own:  # a tree's first level is not a chain's depth 1
+                self._own[r].update_chain(cfg.depth, k)
 
     def observe_look_back(self, rows: Sequence[int], hits: Sequence[float], tries: Sequence[int]) -> None:
         """A look-back probe's evidence: per row, ``tries`` paused steps (depth-1 verifications that were never
@@ -243,6 +271,8 @@ class AdaptiveDispatcher:
             if n:
                 for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
                     t.update_first(h, n)
+                if r in self._own:
+                    self._own[r].update_first(h, n)
 
     def observe_step(self, batch_size: int, seconds: float) -> None:
         """The latest picked step took ``seconds`` of wall time (the caller leaves out steps that did other work:
@@ -328,7 +358,10 @@ class AdaptiveDispatcher:
                 explore, self._explore = self._explore and look_back and len(rows) == 1, False
                 # an explore hopes for at least EXPLORE_FLOOR (which only widens what could pay: one check)
                 explore = explore and (not budget or max(budget) >= self.probe_every)
-                if self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR if explore else None):
+                worth = None if (explore and self._explore_forced) or not look_back else \
+                    self._probe_worth(batch_size, rows, budget, catch_up)
+                if worth if worth is not None else \
+                        self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR if explore else None):
                     if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
                         self.look_back_due = self._probe_done = True
                         return cfg
@@ -455,6 +488,37 @@ class AdaptiveDispatcher:
             return False
         return not budget or max(budget) * (1.0 - 1.0 / best.predicted_speedup) >= self.probe_cost(
             batch_size, rows, catch_up)
+
+    def _probe_worth(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None,
+                     catch_up: Callable[[], float] | None) -> bool | None:
+        """Whether a look-back by a request alone in its batch is worth its catch-up, from what the requests before
+        it showed (``RequestSpread``): its depth-1 rate r is read at ``SPREAD_QUANTILES`` of the posterior given
+        its own evidence, and at each the best tree would save R * (1 - 1/S(r)) plain steps over the R tokens it
+        has left (0 where nothing beats the start margin); the look-back is made where the mean saving is at least
+        ``probe_cost``. (The saving assumes the look-back would reveal r exactly: it overrates a look-back of 16-32
+        pairs, so the rule errs towards looking.) None where this cannot say: several rows, an unknown budget,
+        fewer requests counted than the spread needs (then ``_probe_could_pay``).
+        Seen before (session 32, 2-core EPYC, 26 Spec-Bench first turns at T=1, batch 1, two passes;
+        `docs/results/epyc-2026-11-29-s32/t1_costs.txt`): the optimist's rule (1.5 times the request's rate)
+        looked back 101 times in 52 requests, each step 14.7 ms against 5.5 for a plain one (2.6% of the run),
+        while the chains it drafted in 10% of the rounds gained 0.6%: `--tree auto` ran 0.968x vanilla."""
+        if batch_size > 1 or len(rows) != 1 or not budget or rows[0] not in self._own:
+            return None
+        own = self._own[rows[0]]
+        post = self.spreads[self._sampled.get(rows[0], False)].posterior(own.hits[0], own.tries[0])
+        if post is None:
+            return None
+        mean, sd = post
+        rates = self._batch_tracker(rows).rates()
+        costs, factors, left = self._costs(rows), self._factors(batch_size), max(budget)
+        saved = 0.0
+        for z in SPREAD_QUANTILES:
+            r = min(1.0, max(0.0, mean + z * sd))
+            best = choose(costs, batch_size, self._shapes, AcceptanceTracker(1.0, (r, *rates[1:]), 1.0),
+                          self._margin(batch_size), self._context, factors)
+            if best.label != PLAIN:
+                saved += left * (1.0 - 1.0 / best.predicted_speedup)
+        return saved / len(SPREAD_QUANTILES) >= self.probe_cost(batch_size, rows, catch_up)
 
     def _probe_step(self, batch_size: int, rows: Sequence[int]) -> TreeStrategy:
         """One step of a probe run; the choice is made again from its evidence once the run ends."""
