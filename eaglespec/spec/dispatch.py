@@ -15,7 +15,10 @@ per-request acceptance (``costmodel.py`` has the formulas).
   not pay doubles the wait (up to ``max_probe_every``); a request alone in the batch starts the waits over (it
   starts from the pooled acceptance of the requests before it, which may have paused for reasons of their
   own), and gets one look-back even where the pooled acceptance says no recovery could pay (a skipped probe
-  observes nothing, so a pool dragged low would stay low). A probe LOOKS BACK when the proposer can
+  observes nothing, so a pool dragged low would stay low). Once enough requests have ended, a request alone looks
+  back only where the spread of their acceptance (``costmodel.RequestSpread``) says the look-back could save
+  more than its catch-up costs (``_probe_worth``), except every ``EXPLORE_EVERY``-th, which keeps the spread
+  current. A probe LOOKS BACK when the proposer can
   (``pick(..., look_back=True)``: lazily recorded paused pairs): the step stays plain, the proposer catches its
   draft cache up over the recorded pairs and scores,
   at each of the latest of them, the chance that the root child a chain of 1 would have drafted there was

@@ -46,7 +46,7 @@ class Tally:
         engine._step = step_
         if prop is None:
             return
-        catch_up, propose, observe = prop._catch_up, prop.propose, prop.dispatcher.observe
+        catch_up, propose, observe = prop._catch_up, prop.propose, getattr(prop.dispatcher, "observe", None)
 
         def catch_up_(rows, row_ids=None, look_back=False):
             pairs = prop.catch_up_pairs(list(row_ids) if row_ids is not None else rows.tolist())
@@ -67,7 +67,9 @@ class Tally:
                 self.rounds[0] += len(n_accepted); self.rounds[1] += sum(n_accepted)
             observe(rows, cfg, n_accepted)
 
-        prop._catch_up, prop.propose, prop.dispatcher.observe = catch_up_, propose_, observe_
+        prop._catch_up, prop.propose = catch_up_, propose_
+        if observe is not None:  # a fixed tree's dispatcher observes nothing
+            prop.dispatcher.observe = observe_
 
 
 arms, tallies = {}, {}
