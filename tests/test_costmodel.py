@@ -929,16 +929,16 @@ def test_a_request_alone_looks_back_only_where_the_requests_before_it_say_it_cou
     """Once enough requests were counted (``RequestSpread``), a request alone in its batch looks back only where
     the mean saving over its possible rates (the spread's posterior) repays the look-back: after requests that all
     accepted ~20% (break-even ~38%) it stays paused, except the first and every ``EXPLORE_EVERY``-th request,
-    which explore anyway; after requests split between 10% and 70% it looks back. Before enough requests, and
-    with several rows, the optimist's rule decides as before."""
+    which explore anyway; after requests split between 10% and 70% it looks back. Before enough requests, with
+    several rows, and with ``spread_probes=False``, the optimist's rule decides as before."""
     from eaglespec.spec import dispatch
     from eaglespec.spec.dispatch import AdaptiveDispatcher
 
     costs = flat_costs(per_token=0.004)  # chain 1 pays above ~38% depth-1 acceptance at batch 1
 
-    def requests(rates):
+    def requests(rates, **kw):
         d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], repick_every=1, probe_every=4, max_probe_every=64,
-                               probe_steps=1, prior=AcceptanceTracker(prior=(0.2, 0.2), weight=1e6))
+                               probe_steps=1, prior=AcceptanceTracker(prior=(0.2, 0.2), weight=1e6), **kw)
         explored = []
         for rate in rates:
             d.start_row(0)
@@ -960,6 +960,8 @@ def test_a_request_alone_looks_back_only_where_the_requests_before_it_say_it_cou
     assert len(d.spreads[False].seen) == 6  # the six that looked back were counted, the others had no evidence
     split, _ = requests([0.1, 0.7] * 5)
     assert split == [True] * 10, split
+    off, _ = requests([0.2] * 10, spread_probes=False)  # the rule before: every request alone explores
+    assert off == [True] * 10, off
     # never counted: requests that see too little evidence (4 pairs each) leave the rule before as it was
     few = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], repick_every=1, probe_every=4, max_probe_every=64,
                              probe_steps=1, prior=AcceptanceTracker(prior=(0.2, 0.2), weight=1e6))

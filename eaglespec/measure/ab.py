@@ -10,16 +10,20 @@ row's draft + verify seconds of each group), tokens, the rounds per tree, and ev
 
 from __future__ import annotations
 
+import ast
 import collections
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from eaglespec.config import GenerationConfig, SamplingParams
 from eaglespec.datasets import encode_messages, load_questions
-from eaglespec.engine.generate import Request
+from eaglespec.engine.calibrate import build_calibrated_proposer
+from eaglespec.engine.generate import Engine, Request
+from eaglespec.spec.speculative import DraftOptions, build_proposer
 
-__all__ = ["ArmTotals", "first_turn_requests", "rotate_arms"]
+__all__ = ["ArmTotals", "arm_engine", "first_turn_requests", "rotate_arms"]
 
 
 @dataclass
@@ -43,6 +47,36 @@ def first_turn_requests(tokenizer, path: str, per_category: int, temperature: fl
                                         ignore_eos=True)
     return [Request(encode_messages(tokenizer, [{"role": "user", "content": q.turns[0]}]), config(i))
             for i, q in enumerate(questions)]
+
+
+def arm_engine(target, spec: str, batch: int) -> Engine:
+    """The comparison scripts' arms by name, each an engine of its own over ``target`` for batches of ``batch``:
+    ``vanilla`` (no drafting), ``chain<D>`` (a fixed chain of D tokens), ``auto`` (the acceptance-aware dispatcher
+    over this machine's calibration, as ``--tree auto`` builds it) or ``auto:ATTR=VALUE,...`` (the same with
+    dispatcher attributes set after construction, each VALUE a Python literal, e.g.
+    ``auto:margin=1.05,spread_probes=False``). Anything else is refused by name: an unknown arm, an attribute the
+    dispatcher does not have, a value that is not a literal."""
+    kind, _, settings = spec.partition(":")
+    chain = re.fullmatch(r"chain([1-9][0-9]*)", kind)
+    if kind not in ("vanilla", "auto") and not chain or settings and kind != "auto":
+        raise ValueError(f"unknown arm {spec!r}: expected vanilla, chain<D> or auto[:ATTR=VALUE,...]")
+    if kind == "vanilla":
+        return Engine(target, None, max_batch_size=batch)
+    if chain:
+        return Engine(target, build_proposer(target, DraftOptions(tree="chain", depth=int(chain[1]))),
+                      max_batch_size=batch)
+    proposer = build_calibrated_proposer(target, DraftOptions())
+    for item in filter(None, settings.split(",")):
+        name, eq, text = item.partition("=")
+        if not eq or not hasattr(proposer.dispatcher, name):
+            raise ValueError(f"arm {spec!r}: {item!r} is not ATTR=VALUE for an attribute of "
+                             f"{type(proposer.dispatcher).__name__}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError) as e:
+            raise ValueError(f"arm {spec!r}: the value of {name} ({text!r}) is not a Python literal") from e
+        setattr(proposer.dispatcher, name, value)
+    return Engine(target, proposer, max_batch_size=batch)
 
 
 def rotate_arms(arms: Mapping[str, object], requests: Sequence, batch: int, passes: int,

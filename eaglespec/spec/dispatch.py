@@ -138,14 +138,19 @@ def _hopeful(rates: Sequence[float], optimism: float, from_depth: int = 0) -> Ac
 
 
 class AdaptiveDispatcher:
-    """``pick(batch_size) -> TreeStrategy`` like ``strategies.TreeDispatcher``, plus ``observe`` after verification."""
+    """``pick(batch_size) -> TreeStrategy`` like ``strategies.TreeDispatcher``, plus ``observe`` after verification.
+
+    ``spread_probes``: a request alone in its batch looks back only where the spread of the requests before it says
+    the look-back could repay its catch-up (``_probe_worth``; False: the optimist's rule alone, as before session
+    32). The other settings are described where their defaults are defined above."""
 
     def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
                  margin: float = 1.02, max_probe_every: int = 256, probe_steps: int = 4,
                  probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
                  batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True,
-                 keep_margin: float | None = KEEP_MARGIN, deepen_steps: int = DEEPEN_STEPS):
+                 keep_margin: float | None = KEEP_MARGIN, deepen_steps: int = DEEPEN_STEPS,
+                 spread_probes: bool = True):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
@@ -168,6 +173,7 @@ class AdaptiveDispatcher:
         # prior), which each request hands to the spread of its kind when it ends (``end_row``)
         self._own: dict[int, AcceptanceTracker] = {}
         self.spreads = {False: RequestSpread(), True: RequestSpread()}  # greedy / sampled requests
+        self.spread_probes = spread_probes  # price a lone request's look-backs by the spread (``_probe_worth``)
         self._alone_started = 0  # requests that started alone in their batch (``EXPLORE_EVERY``)
         self._explore_forced = False  # the request alone explores by the floor rule (``EXPLORE_EVERY``)
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
@@ -361,7 +367,7 @@ class AdaptiveDispatcher:
                 explore, self._explore = self._explore and look_back and len(rows) == 1, False
                 # an explore hopes for at least EXPLORE_FLOOR (which only widens what could pay: one check)
                 explore = explore and (not budget or max(budget) >= self.probe_every)
-                worth = None if (explore and self._explore_forced) or not look_back else \
+                worth = None if (explore and self._explore_forced) or not look_back or not self.spread_probes else \
                     self._probe_worth(batch_size, rows, budget, catch_up)
                 if worth if worth is not None else \
                         self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR if explore else None):

@@ -3,19 +3,17 @@
 # vanilla's too) by what the step did (plain, a look-back that caught the draft cache up, drafting that caught up
 # first, drafting), the catch-ups' own seconds and pairs, and the tokens the drafting rounds committed.
 # python t1_costs.py QUESTIONS PER_CATEGORY TEMPERATURE PASSES ARM...
-# ARM: vanilla | chain1 | auto | auto:ATTR=VALUE,... (dispatcher attributes set after construction, VALUE evaluated)
+# ARM: vanilla | chain<D> | auto | auto:ATTR=VALUE,... (``eaglespec.measure.ab.arm_engine``; the rule before
+# session 32: auto:spread_probes=False)
 import collections
 import sys
 import time
 
 import torch
 
-from eaglespec.engine.calibrate import build_calibrated_proposer
-from eaglespec.engine.generate import Engine
-from eaglespec.measure.ab import first_turn_requests, rotate_arms
+from eaglespec.measure.ab import arm_engine, first_turn_requests, rotate_arms
 from eaglespec.runtime import allocator, cpu_kernels
 from eaglespec.runtime.loading import load_target
-from eaglespec.spec.speculative import DraftOptions, build_proposer
 
 allocator.tune(); torch.set_num_threads(2)
 print("cpu:", cpu_kernels.cpuinfo("model name"), "| torch", torch.__version__)
@@ -72,20 +70,8 @@ class Tally:
             prop.dispatcher.observe = observe_
 
 
-arms, tallies = {}, {}
-for spec in sys.argv[5:]:
-    kind, _, sets = spec.partition(":")
-    if kind == "vanilla":
-        prop = None
-    elif kind == "chain1":
-        prop = build_proposer(target, DraftOptions(tree="chain", depth=1))
-    else:
-        prop = build_calibrated_proposer(target, DraftOptions())
-        for kv in filter(None, sets.split(",")):
-            k, v = kv.split("=", 1)
-            setattr(prop.dispatcher, k, eval(v))
-    arms[spec] = Engine(target, prop, max_batch_size=1)
-    tallies[spec] = Tally(arms[spec], prop)
+arms = {spec: arm_engine(target, spec, 1) for spec in sys.argv[5:]}
+tallies = {spec: Tally(engine, engine.proposer) for spec, engine in arms.items()}
 with torch.inference_mode():
     tot = rotate_arms(arms, reqs, 1, passes)
 base = tot["vanilla"]
