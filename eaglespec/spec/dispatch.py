@@ -269,7 +269,7 @@ class AdaptiveDispatcher:
                 else:
                     t.update_shape(cfg.label, k + 1.0)
             if isinstance(cfg, Chain) and r in self._own:  # a tree's first level is not a chain's depth 1
-                self._own[r].update_chain(cfg.depth, k)
+                self._own[r].update_chain(1, min(k, 1))  # depth 1 alone: all ``_own`` is read for
 
     def observe_look_back(self, rows: Sequence[int], hits: Sequence[float], tries: Sequence[int]) -> None:
         """A look-back probe's evidence: per row, ``tries`` paused steps (depth-1 verifications that were never
@@ -367,10 +367,9 @@ class AdaptiveDispatcher:
                 explore, self._explore = self._explore and look_back and len(rows) == 1, False
                 # an explore hopes for at least EXPLORE_FLOOR (which only widens what could pay: one check)
                 explore = explore and (not budget or max(budget) >= self.probe_every)
-                worth = None if (explore and self._explore_forced) or not look_back or not self.spread_probes else \
-                    self._probe_worth(batch_size, rows, budget, catch_up)
-                if worth if worth is not None else \
-                        self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR if explore else None):
+                spread = look_back and self.spread_probes and not (explore and self._explore_forced)
+                if self._probe_could_pay(batch_size, rows, budget, catch_up, floor=EXPLORE_FLOOR if explore else None,
+                                         spread=spread):
                     if look_back:  # the caller scores the head on the recorded pairs; chosen again next step
                         self.look_back_due = self._probe_done = True
                         return cfg
@@ -474,7 +473,8 @@ class AdaptiveDispatcher:
         return self._sampled_costs if any(self._sampled.get(r, False) for r in rows) else self.costs
 
     def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None,
-                         catch_up: Callable[[], float] | None = None, floor: Sequence[float] | None = None) -> bool:
+                         catch_up: Callable[[], float] | None = None, floor: Sequence[float] | None = None,
+                         spread: bool = False) -> bool:
         """Whether drafting would pay if the rows' acceptance were ``probe_optimism`` times what it is now
         (``batched_probe_optimism`` with several rows; at every depth, at most 1), and by enough, over the most
         tokens a row has left (``budget``), to win back what the probe costs (``probe_cost`` plain steps):
@@ -485,7 +485,12 @@ class AdaptiveDispatcher:
         tokens saves R * (1 - 1/S) plain steps (a 128-token request's third probe, 16 tokens before its end,
         saves at most 0.3 of a step at S = 1.02).
         ``floor``: per-depth rates the hope starts from at least (``EXPLORE_FLOOR`` for a request alone that
-        explores)."""
+        explores). ``spread``: a look-back, priced against the requests before it where they can say
+        (``_probe_worth``) instead of by the optimist's hope."""
+        if spread:
+            worth = self._probe_worth(batch_size, rows, budget, catch_up)
+            if worth is not None:
+                return worth
         optimism = self.probe_optimism if batch_size <= 1 else self.batched_probe_optimism
         rates = self._batch_tracker(rows).rates()
         if floor is not None:

@@ -1,6 +1,9 @@
 # Sums of a bench run's records per method: wall, draft, verify and prefill seconds, and rounds per tree.
 # python bench_split.py OUT/records.jsonl
-import json, sys, collections, statistics
+import collections
+import json
+import sys
+
 recs = collections.defaultdict(dict)
 for l in open(sys.argv[1]):
     r = json.loads(l)
