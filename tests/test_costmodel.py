@@ -228,6 +228,25 @@ def test_tracker_counts_the_first_miss_and_decays():
         AcceptanceTracker(decay=0.0)
 
 
+def test_a_memory_of_each_depth_ages_only_as_that_depth_is_tried():
+    """``keep_untried``: a verification ages only the depths it tried (the first miss and those before it), a
+    look-back only depth 1; without it every depth ages, tried or not."""
+    t = AcceptanceTracker(prior=(0.5, 0.4), weight=8)
+    t.update_chain(1, 1, keep_untried=True)  # a chain of 1: depth 2 not tried
+    t.update_chain(2, 0, keep_untried=True)  # the first token missed: depth 2 not tried
+    assert t.hits[1] == 3.2 and t.tries[1] == 8.0
+    assert t.tries[0] == pytest.approx(8 * 0.97 ** 2 + 0.97 + 1) and t.hits[0] == pytest.approx(4 * 0.97 ** 2 + 0.97)
+    t.update_chain(2, 1, keep_untried=True)  # depth 2 tried and missed
+    assert (t.hits[1], t.tries[1]) == pytest.approx((3.2 * 0.97, 8 * 0.97 + 1))
+    depth2 = (t.hits[1], t.tries[1])
+    t.update_first(3, 4, keep_untried=True)
+    assert (t.hits[1], t.tries[1]) == depth2
+    aging = AcceptanceTracker(prior=(0.5, 0.4), weight=8)
+    aging.update_chain(1, 1)
+    aging.update_first(3, 4)
+    assert aging.tries[1] == pytest.approx(8 * 0.97 ** 5) and aging.rates()[1] == pytest.approx(0.4)
+
+
 def test_paired_steps_step_a_drafting_and_a_plain_engine_in_turns(monkeypatch):
     """Calibration's ``_paired_steps``: a drafting engine and a plain one decode the same requests, one step
     each in turn while both have work, and each step is timed on its own (prefill and two steps left out)."""
@@ -936,9 +955,10 @@ def test_a_request_alone_looks_back_only_where_the_requests_before_it_say_it_cou
 
     costs = flat_costs(per_token=0.004)  # chain 1 pays above ~38% depth-1 acceptance at batch 1
 
-    def requests(rates, **kw):
+    def requests(rates, **kw):  # every request starts paused, from the pool (the spread's start: tested below)
         d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], repick_every=1, probe_every=4, max_probe_every=64,
-                               probe_steps=1, prior=AcceptanceTracker(prior=(0.2, 0.2), weight=1e6), **kw)
+                               probe_steps=1, prior=AcceptanceTracker(prior=(0.2, 0.2), weight=1e6),
+                               spread_prior=False, **kw)
         explored = []
         for rate in rates:
             d.start_row(0)
@@ -1720,21 +1740,68 @@ def test_a_chain_whose_next_depth_went_unseen_drafts_the_longer_chain_for_a_run(
         AdaptiveDispatcher(costs, [Chain(1)], deepen_steps=-1)
 
 
-def test_a_new_request_inherits_no_more_evidence_of_a_depth_than_the_pool_has():
+def test_a_new_request_inherits_the_pools_memory_of_each_depth():
     """``start_row``: the pool's rates with the prior's weight of 8 verifications, except at a depth whose pooled
-    evidence has aged below that (no chain reached it lately), which passes on its own weight, rate unchanged."""
+    evidence weighs less, which passes on its own weight, rate unchanged. The pool ages a depth only as it is
+    tried: three chains of 2 whose second tokens missed, then 40 chains of 1, leave depth 2 at what the chains of 2
+    showed; with ``pool_memory=False`` (the rule before session 33) the chains of 1 age it towards nothing, and
+    every request after them starts from a depth-2 rate read off three tries."""
     from eaglespec.spec.dispatch import AdaptiveDispatcher
 
-    costs = CostTable({(1, 1): 0.01, (1, 2): 0.012}, {(1, "chain1"): 0.0})
-    d = AdaptiveDispatcher(costs, [Chain(1)], prior=AcceptanceTracker(prior=(0.5, 0.4), weight=8))
-    for _ in range(40):
-        d.pools[False].update_chain(1, 1)
-    pool = d.pools[False]
-    d.start_row(0)
-    t = d.rows[0]
-    assert pool.tries[0] > 8 and t.tries[0] == 8  # depth 1: the prior's weight
-    assert t.tries[1] == pytest.approx(8 * 0.97 ** 40) == pytest.approx(pool.tries[1])  # depth 2: aged
+    costs = CostTable({(1, 1): 0.01, (1, 2): 0.012, (1, 4): 0.014}, {(1, "chain1"): 0.0, (1, "chain2"): 0.0})
+
+    def pooled(**kw):
+        d = AdaptiveDispatcher(costs, [Chain(1), Chain(2)], prior=AcceptanceTracker(prior=(0.5, 0.4), weight=8), **kw)
+        d.start_row(0)
+        for _ in range(3):
+            d.observe([0], Chain(2), [1])  # depth 1 accepted, depth 2 tried and missed
+        for _ in range(40):
+            d.observe([0], Chain(1), [1])
+        d.end_row(0)
+        d.start_row(0)
+        return d.pools[False], d.rows[0]
+
+    depth2 = (3.2 * 0.97 ** 3, 8 * 0.97 ** 3 + 0.97 ** 2 + 0.97 + 1)
+    pool, t = pooled()
+    assert (pool.hits[1], pool.tries[1]) == pytest.approx(depth2)
+    assert pool.tries[0] > 8 and t.tries[0] == 8 and t.tries[1] == 8  # both depths: the prior's weight
     assert t.rates() == pytest.approx(pool.rates())
+    pool, t = pooled(pool_memory=False)
+    assert pool.tries[1] == pytest.approx(depth2[1] * 0.97 ** 40) == pytest.approx(t.tries[1])  # aged: passed on as is
+    assert t.rates() == pytest.approx(pool.rates())
+
+
+def test_a_new_request_starts_from_the_spread_of_the_requests_before_it():
+    """Once enough requests were counted, a new request's depth-1 acceptance starts at the spread's mean
+    (``RequestSpread.prior``) with its strength as weight (at most ``SPREAD_PRIOR_MAX``), not at the pool's rate,
+    which the latest request dominates: after four requests at 0.6 and one at 0.05 the pool reads ~0.26 and the next
+    request would start paused (the chain of 1 pays above ~0.38 here); from the spread it drafts at once. Sampled
+    requests keep a spread of their own; ``spread_prior=False`` restores the pool's start."""
+    from eaglespec.spec.dispatch import SPREAD_PRIOR_MAX, AdaptiveDispatcher
+
+    def after(rates, **kw):
+        d = AdaptiveDispatcher(flat_costs(per_token=0.004), [Chain(1)], repick_every=1, cost_feedback=False,
+                               prior=AcceptanceTracker(prior=(0.6,), weight=8), **kw)
+        for rate in rates:
+            d.start_row(0)
+            d.observe_look_back([0], [32 * rate], [32])
+            d.end_row(0)
+        d.start_row(0)
+        return d
+
+    d = after([0.6] * 4 + [0.05])
+    m, k = d.spreads[False].prior()
+    assert m == pytest.approx((4 * 0.6 + 0.05) / 5) and 1.0 < k < SPREAD_PRIOR_MAX
+    assert d.rows[0].rates()[0] == pytest.approx(m) and d.rows[0].tries[0] == pytest.approx(k)
+    assert d.pools[False].rates()[0] < 0.3
+    assert d.pick(1, [0]).label == "chain1"
+    off = after([0.6] * 4 + [0.05], spread_prior=False)
+    assert off.rows[0].rates()[0] == pytest.approx(off.pools[False].rates()[0]) and off.rows[0].tries[0] == 8
+    assert off.pick(1, [0]).label == "none"
+    alike = after([0.6] * 8)  # requests that agree: the sd floor's strength, capped
+    assert alike.rows[0].tries[0] == SPREAD_PRIOR_MAX
+    d.start_row(1, sampled=True)  # no sampled request was counted: the sampled pool's start
+    assert d.rows[1].rates()[0] == pytest.approx(d.pools[True].rates()[0]) and d.rows[1].tries[0] == 8
 
 
 def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain_step(monkeypatch):

@@ -233,14 +233,16 @@ class AcceptanceTracker:
     def rates(self) -> list[float]:
         return [h / t if t > 0 else 0.0 for h, t in zip(self.hits, self.tries)]
 
-    def update_chain(self, drafted_depth: int, accepted: int) -> None:
+    def update_chain(self, drafted_depth: int, accepted: int, keep_untried: bool = False) -> None:
         """One verified path: ``accepted`` of ``drafted_depth`` chain tokens were accepted (the first miss
-        is a failed try at depth accepted + 1; deeper depths were not tried)."""
+        is a failed try at depth accepted + 1; deeper depths were not tried). ``keep_untried``: only the depths
+        tried age (a memory of each depth over its own latest tries, as the dispatcher's pools keep); else
+        every depth ages (what this request or batch showed lately)."""
         tried = min(drafted_depth, accepted + 1)
         while len(self.hits) < tried:
             self.hits.append(0.0)
             self.tries.append(0.0)
-        for i in range(len(self.hits)):
+        for i in range(tried if keep_untried else len(self.hits)):
             self.hits[i] *= self.decay
             self.tries[i] *= self.decay
         for i in range(tried):
@@ -248,10 +250,11 @@ class AcceptanceTracker:
             if i < accepted:
                 self.hits[i] += 1.0
 
-    def update_first(self, hits: float, tries: float) -> None:
+    def update_first(self, hits: float, tries: float, keep_untried: bool = False) -> None:
         """``tries`` verifications of depth 1 alone (a look-back probe), ``hits`` of them accepted: every depth
-        decays as after ``tries`` verifications, and depth 1 gains the weight those verifications would have
-        kept, (1 - decay^tries) / (1 - decay), at their hit rate (their order is not known)."""
+        (``keep_untried``: depth 1 alone) decays as after ``tries`` verifications, and depth 1 gains the weight
+        those verifications would have kept, (1 - decay^tries) / (1 - decay), at their hit rate (their order is
+        not known)."""
         if not 0 <= hits <= tries:
             raise ValueError(f"hits must be in [0, tries], got {hits} of {tries}")
         if tries == 0:
@@ -261,8 +264,9 @@ class AcceptanceTracker:
             self.tries.append(0.0)
         f = self.decay ** tries
         w = tries if self.decay == 1.0 else (1.0 - f) / (1.0 - self.decay)
-        self.hits = [h * f for h in self.hits]
-        self.tries = [t * f for t in self.tries]
+        n = 1 if keep_untried else len(self.hits)
+        self.hits[:n] = [h * f for h in self.hits[:n]]
+        self.tries[:n] = [t * f for t in self.tries[:n]]
         self.hits[0] += w * hits / tries
         self.tries[0] += w
 

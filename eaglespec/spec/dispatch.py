@@ -2,7 +2,9 @@
 per-request acceptance (``costmodel.py`` has the formulas).
 
 * Each cache row (request) has its own ``AcceptanceTracker``, started from the dispatcher's pooled one (what
-  earlier requests showed about this head) and updated after every verification of that row. Greedy and
+  earlier requests showed about this head; depth 1 from the spread of the requests before it once enough ended,
+  ``SPREAD_PRIOR_MAX``; a pool ages each depth only as it is tried) and updated after every verification of that
+  row. Greedy and
   sampled requests pool apart: a sampled request accepts less (its draft must match a random draw, not the
   argmax), so a server mixing both would otherwise start its sampled requests from greedy acceptance.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
@@ -125,6 +127,17 @@ SPREAD_QUANTILES: tuple[float, ...] = tuple(statistics.NormalDist().inv_cdf((j +
 """Where ``_probe_worth`` reads a request's possible depth-1 rates: the midpoints of 8 equally likely bands of a
 normal distribution with the posterior's mean and sd (in sds from the mean)."""
 
+SPREAD_PRIOR_MAX = 32.0
+"""A new request's depth-1 acceptance starts from the spread of the requests before it (``RequestSpread.prior``:
+their mean rate, at their strength in pseudo-tries, at most this many) once enough requests were counted, instead
+of from the pool (about the latest 33 verifications' worth, at 8: at batch 1 mostly the request before it). Seen
+before (session 33, 2-core EPYC, 24 MT-bench first turns, greedy, batch 1, `docs/results/epyc-2026-11-29-s33/`):
+a request after one that accepted ~0.3 started paused (the pool said 0.33, where the requests' rates spread over
+0.3-0.8 around ~0.53), and a request accepted ~0.45 paused after 1 hit in its first 6 drafted tries (its
+tracker at 0.32 on the pool's weight of 8, against ~0.40 on the spread's ~14), then sat out 46 of its ~100 steps
+waiting for look-backs. The cap keeps a few agreeing requests from outweighing a full window of the request's own
+evidence (the tracker's decay keeps about the latest 33 verifications)."""
+
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
 )
@@ -142,7 +155,10 @@ class AdaptiveDispatcher:
 
     ``spread_probes``: a request alone in its batch looks back only where the spread of the requests before it says
     the look-back could repay its catch-up (``_probe_worth``; False: the optimist's rule alone, as before session
-    32). The other settings are described where their defaults are defined above."""
+    32). ``spread_prior``: a new request's depth 1 starts from that spread (``SPREAD_PRIOR_MAX``; False: from the
+    pool, as before session 33). ``pool_memory``: a pool ages each depth only as it is tried (False: every depth at
+    every verification, as before session 33; ``start_row``). The other settings are described where their
+    defaults are defined above."""
 
     def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
@@ -150,7 +166,7 @@ class AdaptiveDispatcher:
                  probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
                  batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True,
                  keep_margin: float | None = KEEP_MARGIN, deepen_steps: int = DEEPEN_STEPS,
-                 spread_probes: bool = True):
+                 spread_probes: bool = True, spread_prior: bool = True, pool_memory: bool = True):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
@@ -174,6 +190,8 @@ class AdaptiveDispatcher:
         self._own: dict[int, AcceptanceTracker] = {}
         self.spreads = {False: RequestSpread(), True: RequestSpread()}  # greedy / sampled requests
         self.spread_probes = spread_probes  # price a lone request's look-backs by the spread (``_probe_worth``)
+        self.spread_prior = spread_prior  # a new request's depth 1 starts from the spread (``SPREAD_PRIOR_MAX``)
+        self.pool_memory = pool_memory  # a pool's depth ages only as it is tried (``start_row``)
         self._alone_started = 0  # requests that started alone in their batch (``EXPLORE_EVERY``)
         self._explore_forced = False  # the request alone explores by the floor rule (``EXPLORE_EVERY``)
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
@@ -221,11 +239,23 @@ class AdaptiveDispatcher:
         p = self.pools[sampled]
         self.rows[row] = t = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
                                                shape_tokens=dict(p.shape_tokens))
-        # A depth the pool has seen little of lately passes on no more evidence than it has (``DEEPEN_BELOW``):
-        # every request would otherwise restart a stale depth-2 estimate at 8 verifications' worth.
+        # A depth the pool has little evidence of passes on no more than it has (``DEEPEN_BELOW``). The pool ages a
+        # depth only as it is tried (``pool_memory``): its depth 2 is what the latest chains of 2 or more showed,
+        # however many chains of 1 came since. Until session 33 every verification aged every depth of the pool, so
+        # that after ~65 chains of 1 each request started from a depth-2 rate with no weight behind it, fixed at
+        # whatever the last chains of 2 saw: on MT-bench (greedy, batch 1, 2-core EPYC) one deepening run of 8 steps
+        # that missed its ~5 second tokens left it at 0.04 for the rest of the run, too low for even an optimist's
+        # deepening (``_deeper``), where on six of the 24 requests the chain of 2 ran 1.14-1.69x against the chain of
+        # 1's 1.03-1.32x, their second tokens accepted 0.51-0.86 of the time after an accepted first
+        # (`docs/results/epyc-2026-11-29-s33/per_request_mt.txt`).
         for i, w in enumerate(p.tries[: len(t.tries)]):
             if 0.0 < w < t.tries[i]:
                 t.hits[i], t.tries[i] = t.hits[i] * w / t.tries[i], w
+        spread = self.spreads[sampled].prior() if self.spread_prior else None
+        if spread is not None:  # depth 1 from the requests before it, not the pool's latest verifications
+            m, k = spread
+            w = min(k, SPREAD_PRIOR_MAX)
+            t.hits[0], t.tries[0] = m * w, w
         self._sampled[row] = sampled
         self._own[row] = AcceptanceTracker(p.decay, (0.0,), 0.0)
         self._quiet = None
@@ -263,9 +293,10 @@ class AdaptiveDispatcher:
             return
         self._observed += 1
         for r, k in zip(rows, n_accepted):
-            for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
+            pool = self.pools[self._sampled.get(r, False)]
+            for t in (self.rows.setdefault(r, AcceptanceTracker()), pool):
                 if isinstance(cfg, Chain):  # a chain's acceptance is per depth; other trees' per shape
-                    t.update_chain(cfg.depth, k)
+                    t.update_chain(cfg.depth, k, keep_untried=self.pool_memory and t is pool)
                 else:
                     t.update_shape(cfg.label, k + 1.0)
             if isinstance(cfg, Chain) and r in self._own:  # a tree's first level is not a chain's depth 1
@@ -278,8 +309,9 @@ class AdaptiveDispatcher:
         self._observed += 1
         for r, h, n in zip(rows, hits, tries):
             if n:
-                for t in (self.rows.setdefault(r, AcceptanceTracker()), self.pools[self._sampled.get(r, False)]):
-                    t.update_first(h, n)
+                pool = self.pools[self._sampled.get(r, False)]
+                for t in (self.rows.setdefault(r, AcceptanceTracker()), pool):
+                    t.update_first(h, n, keep_untried=self.pool_memory and t is pool)
                 if r in self._own:
                     self._own[r].update_first(h, n)
 
