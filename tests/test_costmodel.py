@@ -1740,12 +1740,12 @@ def test_a_chain_whose_next_depth_went_unseen_drafts_the_longer_chain_for_a_run(
         AdaptiveDispatcher(costs, [Chain(1)], deepen_steps=-1)
 
 
-def test_a_new_request_inherits_the_pools_memory_of_each_depth():
+def test_a_new_request_inherits_no_more_evidence_of_a_depth_than_the_pool_has():
     """``start_row``: the pool's rates with the prior's weight of 8 verifications, except at a depth whose pooled
-    evidence weighs less, which passes on its own weight, rate unchanged. The pool ages a depth only as it is
-    tried: three chains of 2 whose second tokens missed, then 40 chains of 1, leave depth 2 at what the chains of 2
-    showed; with ``pool_memory=False`` (the rule before session 33) the chains of 1 age it towards nothing, and
-    every request after them starts from a depth-2 rate read off three tries."""
+    evidence weighs less, which passes on its own weight, rate unchanged: after three chains of 2 whose second
+    tokens missed and 40 chains of 1 the pool's depth 2 has aged towards nothing, and a new request starts from a
+    depth-2 rate read off three tries. With ``pool_memory=True`` the pool ages a depth only as it is tried: depth 2
+    stays at what the chains of 2 showed, and a new request takes it at the prior's weight."""
     from eaglespec.spec.dispatch import AdaptiveDispatcher
 
     costs = CostTable({(1, 1): 0.01, (1, 2): 0.012, (1, 4): 0.014}, {(1, "chain1"): 0.0, (1, "chain2"): 0.0})
@@ -1762,11 +1762,11 @@ def test_a_new_request_inherits_the_pools_memory_of_each_depth():
         return d.pools[False], d.rows[0]
 
     depth2 = (3.2 * 0.97 ** 3, 8 * 0.97 ** 3 + 0.97 ** 2 + 0.97 + 1)
-    pool, t = pooled()
+    pool, t = pooled(pool_memory=True)
     assert (pool.hits[1], pool.tries[1]) == pytest.approx(depth2)
     assert pool.tries[0] > 8 and t.tries[0] == 8 and t.tries[1] == 8  # both depths: the prior's weight
     assert t.rates() == pytest.approx(pool.rates())
-    pool, t = pooled(pool_memory=False)
+    pool, t = pooled()
     assert pool.tries[1] == pytest.approx(depth2[1] * 0.97 ** 40) == pytest.approx(t.tries[1])  # aged: passed on as is
     assert t.rates() == pytest.approx(pool.rates())
 

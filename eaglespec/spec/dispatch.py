@@ -3,8 +3,7 @@ per-request acceptance (``costmodel.py`` has the formulas).
 
 * Each cache row (request) has its own ``AcceptanceTracker``, started from the dispatcher's pooled one (what
   earlier requests showed about this head; depth 1 from the spread of the requests before it once enough ended,
-  ``SPREAD_PRIOR_MAX``; a pool ages each depth only as it is tried) and updated after every verification of that
-  row. Greedy and
+  ``SPREAD_PRIOR_MAX``) and updated after every verification of that row. Greedy and
   sampled requests pool apart: a sampled request accepts less (its draft must match a random draw, not the
   argmax), so a server mixing both would otherwise start its sampled requests from greedy acceptance.
 * Every ``repick_every`` steps the batch's tree is re-chosen: candidates are scored with the rows' mean
@@ -130,13 +129,15 @@ normal distribution with the posterior's mean and sd (in sds from the mean)."""
 SPREAD_PRIOR_MAX = 32.0
 """A new request's depth-1 acceptance starts from the spread of the requests before it (``RequestSpread.prior``:
 their mean rate, at their strength in pseudo-tries, at most this many) once enough requests were counted, instead
-of from the pool (about the latest 33 verifications' worth, at 8: at batch 1 mostly the request before it). Seen
-before (session 33, 2-core EPYC, 24 MT-bench first turns, greedy, batch 1, `docs/results/epyc-2026-11-29-s33/`):
-a request after one that accepted ~0.3 started paused (the pool said 0.33, where the requests' rates spread over
-0.3-0.8 around ~0.53), and a request accepted ~0.45 paused after 1 hit in its first 6 drafted tries (its
-tracker at 0.32 on the pool's weight of 8, against ~0.40 on the spread's ~14), then sat out 46 of its ~100 steps
-waiting for look-backs. The cap keeps a few agreeing requests from outweighing a full window of the request's own
-evidence (the tracker's decay keeps about the latest 33 verifications)."""
+of from the pool, which decays as a request's tracker does (about the latest 33 verifications' worth, passed on at
+a weight of 8): at batch 1 mostly the request before it. Seen before (session 33, 2-core EPYC, 24 MT-bench first
+turns, greedy, batch 1, `docs/results/epyc-2026-11-29-s33/`): each request after one that accepted ~0.3 started
+paused from a pool at 0.31-0.33 where the requests' own rates scattered around ~0.6 (`trace_picks_*.txt`), and
+with a calibration that priced the chain of 1 dear (break-even 1.41 tokens a step where the engine's steps read
+~1.3) the pauses fed the pool and the pool the next pauses: paused in 2837 of 4758 rounds, 1.022x vanilla, where
+the same engine starting from the spread paused in 484-740 and ran 1.087-1.101x, the chain of 1 1.143x
+(`ab_mt_t0_5.txt`). The cap keeps a few agreeing requests (the spread's sd floor alone allows ~100 pseudo-tries)
+from outweighing a full window of the request's own evidence."""
 
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
@@ -156,9 +157,9 @@ class AdaptiveDispatcher:
     ``spread_probes``: a request alone in its batch looks back only where the spread of the requests before it says
     the look-back could repay its catch-up (``_probe_worth``; False: the optimist's rule alone, as before session
     32). ``spread_prior``: a new request's depth 1 starts from that spread (``SPREAD_PRIOR_MAX``; False: from the
-    pool, as before session 33). ``pool_memory``: a pool ages each depth only as it is tried (False: every depth at
-    every verification, as before session 33; ``start_row``). The other settings are described where their
-    defaults are defined above."""
+    pool, as before session 33). ``pool_memory``: a pool ages each depth only as it is tried (``start_row``; off by
+    default: every depth ages at every verification). The other settings are described where their defaults are
+    defined above."""
 
     def __init__(self, costs: CostTable, candidates: Sequence[TreeStrategy] = DEFAULT_CANDIDATES,
                  prior: AcceptanceTracker | None = None, repick_every: int = 4, probe_every: int = 16,
@@ -166,7 +167,7 @@ class AdaptiveDispatcher:
                  probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
                  batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True,
                  keep_margin: float | None = KEEP_MARGIN, deepen_steps: int = DEEPEN_STEPS,
-                 spread_probes: bool = True, spread_prior: bool = True, pool_memory: bool = True):
+                 spread_probes: bool = True, spread_prior: bool = True, pool_memory: bool = False):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
@@ -239,15 +240,17 @@ class AdaptiveDispatcher:
         p = self.pools[sampled]
         self.rows[row] = t = AcceptanceTracker(p.decay, tuple(p.rates()), p.weight,
                                                shape_tokens=dict(p.shape_tokens))
-        # A depth the pool has little evidence of passes on no more than it has (``DEEPEN_BELOW``). The pool ages a
-        # depth only as it is tried (``pool_memory``): its depth 2 is what the latest chains of 2 or more showed,
-        # however many chains of 1 came since. Until session 33 every verification aged every depth of the pool, so
-        # that after ~65 chains of 1 each request started from a depth-2 rate with no weight behind it, fixed at
-        # whatever the last chains of 2 saw: on MT-bench (greedy, batch 1, 2-core EPYC) one deepening run of 8 steps
-        # that missed its ~5 second tokens left it at 0.04 for the rest of the run, too low for even an optimist's
-        # deepening (``_deeper``), where on six of the 24 requests the chain of 2 ran 1.14-1.69x against the chain of
-        # 1's 1.03-1.32x, their second tokens accepted 0.51-0.86 of the time after an accepted first
-        # (`docs/results/epyc-2026-11-29-s33/per_request_mt.txt`).
+        # A depth the pool has little evidence of passes on no more than it has (``DEEPEN_BELOW``): the pool ages
+        # every depth at every verification, so after ~65 chains of 1 each request starts from a depth-2 rate with
+        # no weight behind it, fixed at whatever the latest chains of 2 saw (on MT-bench, greedy, batch 1, 2-core
+        # EPYC: 0.04 for a whole run after one deepening run of 8 steps missed its ~5 second tokens, where on six of
+        # the 24 requests the chain of 2 ran 1.14-1.69x against the chain of 1's 1.03-1.32x;
+        # `docs/results/epyc-2026-11-29-s33/per_request_mt.txt`). ``pool_memory=True`` keeps each depth until it is
+        # tried again; tried in session 33 and left off: in two of three matrix runs it drafted the chains of 2 and 3
+        # in 25-36% of MT-bench's greedy batch-1 rounds where the calibration priced the chain of 3 barely above the chain of 2 (7.44 against
+        # 7.19 ms; the engine ran them at ~9.5 and ~8.0) and gained nothing measurable in one process (+0.9, +1.4 and
+        # -1.4 points against it off: `ab_mt_t0_3.txt`, `_4`, `_5`): the prices of the deeper chains are the least
+        # reliable part of a calibration on a shared VM.
         for i, w in enumerate(p.tries[: len(t.tries)]):
             if 0.0 < w < t.tries[i]:
                 t.hits[i], t.tries[i] = t.hits[i] * w / t.tries[i], w
