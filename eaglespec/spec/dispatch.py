@@ -131,13 +131,14 @@ SPREAD_PRIOR_MAX = 32.0
 their mean rate, at their strength in pseudo-tries, at most this many) once enough requests were counted, instead
 of from the pool, which decays as a request's tracker does (about the latest 33 verifications' worth, passed on at
 a weight of 8): at batch 1 mostly the request before it. Seen before (session 33, 2-core EPYC, 24 MT-bench first
-turns, greedy, batch 1, `docs/results/epyc-2026-11-29-s33/`): each request after one that accepted ~0.3 started
-paused from a pool at 0.31-0.33 where the requests' own rates scattered around ~0.6 (`trace_picks_*.txt`), and
-with a calibration that priced the chain of 1 dear (break-even 1.41 tokens a step where the engine's steps read
-~1.3) the pauses fed the pool and the pool the next pauses: paused in 2837 of 4758 rounds, 1.022x vanilla, where
-the same engine starting from the spread paused in 484-740 and ran 1.087-1.101x, the chain of 1 1.143x
-(`ab_mt_t0_5.txt`). The cap keeps a few agreeing requests (the spread's sd floor alone allows ~100 pseudo-tries)
-from outweighing a full window of the request's own evidence."""
+turns, greedy, batch 1, `docs/results/epyc-2026-11-29-s33/`), with a calibration that priced the chain of 1 dear
+(break-even 1.41 tokens a step where the engine's steps read ~1.3), the pauses fed the pool and the pool the next
+requests' pauses: requests 4-7, which the chain of 1 alone drafted at 0.43-0.72 depth-1 acceptance, started from a
+pool at 0.37 and stayed paused throughout (`trace_picks_mt_before.txt`; from the spread, at 0.42-0.55 with a
+weight of 8-32, they drafted: `trace_picks_mt_after.txt`); in one process auto paused in 2837 of 4758 rounds and
+ran 1.022x vanilla, where starting from the spread it paused in 484-740 and ran 1.087-1.101x, the chain of 1
+1.143x (`ab_mt_t0_5.txt`). The cap keeps a few agreeing requests (the spread's sd floor alone allows ~100
+pseudo-tries) from outweighing a full window of the request's own evidence."""
 
 DEFAULT_CANDIDATES: tuple[TreeStrategy, ...] = (
     Chain(1), Chain(2), Chain(3), Chain(4), Chain(6), DynamicTree(topk=4, depth=5, tree_tokens=16),
@@ -245,12 +246,12 @@ class AdaptiveDispatcher:
         # no weight behind it, fixed at whatever the latest chains of 2 saw (on MT-bench, greedy, batch 1, 2-core
         # EPYC: 0.04 for a whole run after one deepening run of 8 steps missed its ~5 second tokens, where on six of
         # the 24 requests the chain of 2 ran 1.14-1.69x against the chain of 1's 1.03-1.32x;
-        # `docs/results/epyc-2026-11-29-s33/per_request_mt.txt`). ``pool_memory=True`` keeps each depth until it is
-        # tried again; tried in session 33 and left off: in two of three matrix runs it drafted the chains of 2 and 3
-        # in 25-36% of MT-bench's greedy batch-1 rounds where the calibration priced the chain of 3 barely above the chain of 2 (7.44 against
-        # 7.19 ms; the engine ran them at ~9.5 and ~8.0) and gained nothing measurable in one process (+0.9, +1.4 and
-        # -1.4 points against it off: `ab_mt_t0_3.txt`, `_4`, `_5`): the prices of the deeper chains are the least
-        # reliable part of a calibration on a shared VM.
+        # `docs/results/epyc-2026-11-29-s33/trace_picks_mt_after.txt`, `per_request_mt.txt`). ``pool_memory=True``
+        # keeps each depth until it is tried again; tried in session 33 and left off: in two of three matrix runs it
+        # drafted the chains of 2 and 3 in 25-36% of MT-bench's greedy batch-1 rounds where the calibration priced
+        # the chain of 3 barely above the chain of 2 (7.44 against 7.19 ms; the engine ran them at ~9.5 and ~8.0)
+        # and gained nothing measurable in one process (+0.9, +1.4 and -1.4 points against it off: `ab_mt_t0_3.txt`,
+        # `_4`, `_5`): the prices of the deeper chains are the least reliable part of a calibration on a shared VM.
         for i, w in enumerate(p.tries[: len(t.tries)]):
             if 0.0 < w < t.tries[i]:
                 t.hits[i], t.tries[i] = t.hits[i] * w / t.tries[i], w
