@@ -2,6 +2,7 @@
 # eaglespec.measure.ab): every decode step's wall time (the engine's whole step, its tokens' bookkeeping included;
 # vanilla's too) by what the step did (plain, a look-back that caught the draft cache up, drafting that caught up
 # first, drafting), the catch-ups' own seconds and pairs, and the tokens the drafting rounds committed.
+# Since session 33 it also prints each auto arm's price checks at the end (StepCostFeedback's snapshot).
 # python t1_costs.py QUESTIONS PER_CATEGORY TEMPERATURE PASSES ARM...
 # ARM: vanilla | chain<D> | auto | auto:ATTR=VALUE,... (``eaglespec.measure.ab.arm_engine``; the rule before
 # session 32: auto:spread_probes=False)
@@ -88,3 +89,7 @@ for name, tl in tallies.items():
     print(f"  drafting rounds {n}: {(n + a) / max(1, n):.3f} tokens a round")
     for k, (n, s, p) in sorted(tl.catch.items()):
         print(f"  catch-ups {k:10s} {n:5d} calls  {1e3 * s:8.1f} ms  {p:7d} pairs  ({1e6 * s / max(p, 1):.1f} us a pair)")
+    feedback = getattr(getattr(arms[name].proposer, "dispatcher", None), "feedback", None)
+    for e in feedback.snapshot() if feedback is not None else []:  # measured / priced seconds, by tree and band
+        print(f"  price check {e['tree']:8s} context {e['context']}: ratio {e['ratio']:.3f} over {e['weight']:6.1f} "
+              f"steps, factor {e['factor']:.3f}")
