@@ -1,15 +1,9 @@
 # per request: auto vs chain1 vs chain2 vs vanilla, decode seconds, auto's rounds, chain1's depth-1 acceptance
-import sys, torch, json
-from eaglespec.measure.ab import arm_engine, first_turn_requests
-from eaglespec.runtime import allocator, cpu_kernels
-from eaglespec.runtime.loading import load_target
-allocator.tune(); torch.set_num_threads(2)
-print("cpu:", cpu_kernels.cpuinfo("model name"))
-target = load_target(None)
-reqs = first_turn_requests(target.tokenizer, sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
-names = sys.argv[5:]
-arms = {n: arm_engine(target, n, 1) for n in names}
-passes = int(sys.argv[4])
+import torch
+
+from arms import from_argv
+reqs, passes, arms = from_argv()
+names = list(arms)
 rec = {n: [[0.0, None, None] for _ in reqs] for n in names}
 with torch.inference_mode():
     for n in names: arms[n].generate(reqs[:1])  # warm-up

@@ -1,14 +1,13 @@
 # each arm's decode step time keyed by (this step's tree, the previous step's tree), one process, arms rotating
-import sys, time, collections, torch
-from eaglespec.measure.ab import arm_engine, first_turn_requests, rotate_arms
-from eaglespec.runtime import allocator, cpu_kernels
-from eaglespec.runtime.loading import load_target
-allocator.tune(); torch.set_num_threads(2)
-print("cpu:", cpu_kernels.cpuinfo("model name"))
-target = load_target(None)
-reqs = first_turn_requests(target.tokenizer, sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
-names = sys.argv[5:]
-arms = {n: arm_engine(target, n, 1) for n in names}
+import collections
+import time
+
+import torch
+
+from arms import from_argv
+from eaglespec.measure.ab import rotate_arms
+reqs, passes, arms = from_argv()
+names = list(arms)
 tab = {n: collections.defaultdict(lambda: [0, 0.0]) for n in names}
 for n, eng in arms.items():
     step, prop = eng._step, eng.proposer
@@ -21,6 +20,6 @@ for n, eng in arms.items():
         return out
     eng._step = step_
 with torch.inference_mode():
-    tot = rotate_arms(arms, reqs, 1, int(sys.argv[4]))
+    tot = rotate_arms(arms, reqs, 1, passes)
 for n in names:
     print(n, " ".join(f"{k[0]}{'' if k[1] else '(switched)'}:{c[0]}x{1e3 * c[1] / c[0]:.3f}" for k, c in sorted(tab[n].items(), key=str)))
