@@ -1802,6 +1802,14 @@ def test_a_new_request_starts_from_the_spread_of_the_requests_before_it():
     assert alike.rows[0].tries[0] == SPREAD_PRIOR_MAX
     d.start_row(1, sampled=True)  # no sampled request was counted: the sampled pool's start
     assert d.rows[1].rates()[0] == pytest.approx(d.pools[True].rates()[0]) and d.rows[1].tries[0] == 8
+    bare = AdaptiveDispatcher(flat_costs(), [Chain(1)], prior=AcceptanceTracker(prior=(), weight=0.0))
+    for rate in [0.5] * 4:  # a pool with no prior at all: the spread still sets depth 1
+        bare.start_row(0)
+        bare.observe_look_back([0], [32 * rate], [32])
+        bare.end_row(0)
+    bare.pools[False] = AcceptanceTracker(prior=(), weight=0.0)
+    bare.start_row(0)
+    assert bare.rows[0].rates() == pytest.approx([0.5])
 
 
 def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain_step(monkeypatch):
