@@ -239,9 +239,7 @@ class AcceptanceTracker:
         tried age (a memory of each depth over its own latest tries, as the dispatcher's pools keep); else
         every depth ages (what this request or batch showed lately)."""
         tried = min(drafted_depth, accepted + 1)
-        while len(self.hits) < tried:
-            self.hits.append(0.0)
-            self.tries.append(0.0)
+        self._reach(tried)
         for i in range(tried if keep_untried else len(self.hits)):
             self.hits[i] *= self.decay
             self.tries[i] *= self.decay
@@ -259,9 +257,7 @@ class AcceptanceTracker:
             raise ValueError(f"hits must be in [0, tries], got {hits} of {tries}")
         if tries == 0:
             return
-        if not self.hits:
-            self.hits.append(0.0)
-            self.tries.append(0.0)
+        self._reach(1)
         f = self.decay ** tries
         w = tries if self.decay == 1.0 else (1.0 - f) / (1.0 - self.decay)
         n = 1 if keep_untried else len(self.hits)
@@ -269,6 +265,17 @@ class AcceptanceTracker:
         self.tries[:n] = [t * f for t in self.tries[:n]]
         self.hits[0] += w * hits / tries
         self.tries[0] += w
+
+    def set_depth(self, depth: int, rate: float, weight: float) -> None:
+        """Depth ``depth`` (1-based) holds ``weight`` verifications' worth of evidence at ``rate``."""
+        self._reach(depth)
+        self.hits[depth - 1], self.tries[depth - 1] = rate * weight, weight
+
+    def _reach(self, depths: int) -> None:
+        """Grow the per-depth lists to at least ``depths`` entries (no evidence at the new ones)."""
+        while len(self.hits) < depths:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
 
     def update_shape(self, label: str, tokens: float) -> None:
         s, w = self.shape_tokens.get(label, (0.0, 0.0))

@@ -258,11 +258,7 @@ class AdaptiveDispatcher:
         spread = self.spreads[sampled].prior() if self.spread_prior else None
         if spread is not None:  # depth 1 from the requests before it, not the pool's latest verifications
             m, k = spread
-            w = min(k, SPREAD_PRIOR_MAX)
-            if not t.hits:  # a pool started from no prior at all
-                t.hits.append(0.0)
-                t.tries.append(0.0)
-            t.hits[0], t.tries[0] = m * w, w
+            t.set_depth(1, m, min(k, SPREAD_PRIOR_MAX))
         self._sampled[row] = sampled
         self._own[row] = AcceptanceTracker(p.decay, (0.0,), 0.0)
         self._quiet = None
