@@ -263,3 +263,24 @@ def test_sampled_drafts_of_a_row_do_not_depend_on_its_batch(tiny, tree):
     assert inside.token_ids == alone.token_ids and len(alone.token_ids) == 30
     assert inside.stats.accepted_per_position == alone.stats.accepted_per_position
     assert inside.stats.target_forwards == alone.stats.target_forwards
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_paused_engine_samples_vanillas_tokens(tiny, batch):
+    """At T > 0 a speculative engine that drafts nothing (``none`` at every batch size it meets) takes each step's bonus
+    uniform from the stream vanilla decoding takes it from, whatever its slack: the same tokens, request for
+    request. Once it drafts, the acceptance tests draw from a stream of their own and its tokens part from
+    vanilla's (lossless in distribution, not token for token)."""
+    tok = tiny_tokenizer()
+    reqs = [Request(tok.encode(p), GenerationConfig(30, SamplingParams(temperature=0.9, top_p=0.95, seed=40 + i),
+                                                    ignore_eos=True)) for i, p in enumerate(PROMPTS[:3])]
+    head = make_head(tiny, "eagle3")
+    with torch.inference_mode():
+        plain = Engine(tiny, None, max_batch_size=batch).generate(reqs)
+        paused_engine = Engine(tiny, EagleProposer(head, TreeDispatcher({1: NoDraft(), 8: Chain(4)})), max_batch_size=batch)
+        paused = paused_engine.generate(reqs)
+        drafting = Engine(tiny, EagleProposer(head, TREES["chain4"]), max_batch_size=batch).generate(reqs)
+    assert paused_engine.slack > 1  # its slack is not vanilla's: the streams must not hang on it
+    assert [c.token_ids for c in paused] == [c.token_ids for c in plain]
+    assert all(len(c.token_ids) == 30 for c in plain)
+    assert [c.token_ids for c in drafting] != [c.token_ids for c in plain]

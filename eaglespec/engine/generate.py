@@ -103,7 +103,8 @@ class _Sequence:
     request: Request
     row: int
     stopper: StopChecker
-    generator: torch.Generator
+    generator: torch.Generator  # the bonus draws: one uniform a step (``Engine._verify_group``)
+    accept_generator: torch.Generator  # the acceptance tests: a fixed count a step, the engine's slack
     seed: int
     pending: int = -1
     length: int = 0  # committed tokens of its cache row (the host copy of cache.lengths[row])
@@ -120,6 +121,12 @@ NO_DRAFT = NoDraft()  # vanilla decoding: the same step with the root alone
 def draft_seed(seed: int) -> int:
     """The seed of a sequence's draft sampler: derived from its own seed, distinct from the target stream's."""
     return (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**63
+
+
+def acceptance_seed(seed: int) -> int:
+    """The seed of a sequence's acceptance tests' uniforms: derived from its own seed, distinct from its bonus
+    draws' (the seed itself) and its draft sampler's."""
+    return (seed * 0xD1B54A32D192ED03 + 0x8CB92BA72F3D8DD7) % 2**63
 
 
 def _uniform_sampling_key(p: SamplingParams) -> tuple:
@@ -281,8 +288,9 @@ class Engine:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()))
         gen = torch.Generator(device=self.device).manual_seed(seed)
+        accept = torch.Generator(device=self.device).manual_seed(acceptance_seed(seed))
         stopper = StopChecker(self.tokenizer, self.eos_token_ids, cfg.max_new_tokens, cfg.stop, cfg.ignore_eos)
-        seq = _Sequence(index, req, row, stopper, gen, seed, start=time.perf_counter())
+        seq = _Sequence(index, req, row, stopper, gen, accept, seed, start=time.perf_counter())
         seq.stats.prompt_tokens = len(req.prompt_ids)
         return seq
 
@@ -347,9 +355,14 @@ class Engine:
             return verify_greedy(tree, logits, max_depth=tree.max_depth)
         probs = process_logits(logits, p.temperature, p.top_k, p.top_p)  # [B, N, V]
         n = tree.tokens.shape[1]
-        # A fixed count per step, so a row's random stream does not depend on the tree of its batch.
-        u = draw_uniforms([s.generator for s in seqs], self.slack + 1, logits.device)  # [B, slack + 1]
-        return verify_sampling(tree, probs, u[:, :n], u[:, -1], sampled_children=tree.draft_q is not None,
+        # Two streams a row, each drawn a fixed count a step, so that a row's random stream does not depend on the
+        # tree of its batch: the acceptance tests' (the engine's slack, entry 0, the root's, unused) and the bonus
+        # draw's (one). A step that drafts nothing therefore takes its bonus uniform where vanilla decoding takes
+        # it: a speculative engine that pauses samples vanilla's tokens at any temperature, so paused runs and
+        # vanilla runs of a benchmark are paired token for token.
+        u_accept = draw_uniforms([s.accept_generator for s in seqs], self.slack, logits.device)  # [B, slack]
+        u_bonus = draw_uniforms([s.generator for s in seqs], 1, logits.device)[:, 0]  # [B]
+        return verify_sampling(tree, probs, u_accept[:, :n], u_bonus, sampled_children=tree.draft_q is not None,
                                max_depth=tree.max_depth)
 
     def _step(self, seqs: list[_Sequence]) -> list[Chunk]:

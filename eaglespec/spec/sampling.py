@@ -2,7 +2,7 @@
 
 Vanilla decoding and speculative verification both call `process_logits` on the target logits, so
 speculation samples from exactly the distribution vanilla decoding would. Randomness enters only through
-uniforms passed in by the caller (`draw_uniforms`: one generator per sequence), which makes every function
+uniforms passed in by the caller (`draw_uniforms`: generators of each sequence's own), which makes every function
 here deterministic and lets a sequence's tokens depend on its own seed alone, whatever batch it runs in.
 """
 
