@@ -10,7 +10,8 @@
 # TREES (the fixed trees, default "chain1 chain2 chain3 dynamic"), TEMPS (the temperatures, default "0,1"),
 # BATCHES (the batch sizes, default "1,4").
 # Every request decodes exactly TOKENS tokens (--ignore-eos): at T=1 the methods sample different streams that
-# stop at different lengths, and a run with shorter outputs pays its prompt over fewer tokens.
+# stop at different lengths, and a run with shorter outputs pays its prompt over fewer tokens. The methods decode
+# each group in lockstep (bench --interleave; INTERLEAVE=0: back to back, as before session 34).
 # Run it on a quiet machine; the calibration runs first so that no timed run includes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,7 @@ A="vanilla,eagle:${H}auto"
 for t in ${TREES:-chain1 chain2 chain3 dynamic}; do A="$A,eagle:${H}$t"; done
 C=(--max-turns 1 --ignore-eos --batch-size "${BATCHES:-1,4}" --temperature "${TEMPS:-0,1}" --max-new-tokens "${TOKENS:-128}" --threads "$THREADS"
    --seed 0 --methods "$A")
+[ "${INTERLEAVE:-1}" = 0 ] || C+=(--interleave)
 "$E" calibrate "${DRAFT[@]}" --threads "$THREADS"
 run() {  # run NAME bench-args...
     local name=$1; shift

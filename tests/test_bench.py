@@ -491,3 +491,56 @@ def test_a_compiled_warm_up_runs_a_verification_even_when_the_dispatcher_pauses(
                     assert set(tokens) == {1}  # the timed runs pause as before
     finally:
         target.model.step_graph = None
+
+
+def test_interleaved_bench_steps_the_engines_in_turns(model_dir, head_dir, questions, tmp_path, monkeypatch):
+    """--interleave: vanilla and the eagle method decode each group in lockstep, one engine step of each in
+    turn; each method's group wall is the sum of its own steps, so its last request's wall equals it; the replay
+    drafter and hf still run alone, after vanilla's answers exist; greedy output is unchanged; a resumed run
+    keeps the protocol it started with."""
+    from eaglespec.engine.generate import Engine
+
+    calls: list[list[int]] = []  # per lockstep run, the engines that stepped, in order
+    active = [False]
+    real_step, real_run = Engine.step, bench.run_interleaved
+    monkeypatch.setattr(Engine, "step", lambda self, *a, **k: active[0] and calls[-1].append(id(self)) or
+                        real_step(self, *a, **k))
+
+    def lockstep(*a, **k):
+        calls.append([])
+        active[0] = True
+        try:
+            return real_run(*a, **k)
+        finally:
+            active[0] = False  # later steps (warm-ups, the replay drafter) are not this run's
+
+    monkeypatch.setattr(bench, "run_interleaved", lockstep)
+    out = tmp_path / "interleaved"
+    eagle = f"eagle:head={head_dir},chain3"
+    argv = bench_argv(model_dir, questions, out, "--methods", f"vanilla,{eagle},replay:3,hf", "--batch-size", "1,2",
+                      "--max-turns", "1", "--no-report", "--temperature", "0,1", "--interleave")
+    assert main(argv) == 0
+    records = bench.read_records(out / "records.jsonl")
+    assert len(records) == 3 * 4 * 2 * 2 and json.loads((out / "run.json").read_text())["settings"]["interleave"]
+    for r in records:
+        if r["temperature"] == 0 and r["method"] != "vanilla":
+            assert r["mismatch"] is False
+        assert 0 < r["wall_s"] <= r["batch_wall_s"]
+    groups: dict = {}
+    for r in records:
+        if r["method"] in ("vanilla", eagle):
+            groups.setdefault((r["method"], r["batch_size"], r["temperature"], r["batch_wall_s"]), []).append(r)
+    # batch 1: a group per prompt; batch 2: prompts 1-2, then 3
+    assert sorted(len(g) for g in groups.values()) == [1] * 12 + [1] * 4 + [2] * 4
+    for g in groups.values():  # the wall of the group's last request is the sum of all its engine's steps
+        assert max(r["wall_s"] for r in g) == g[0]["batch_wall_s"]
+    # each lockstep run stepped its two engines in turns until the one with fewer steps was done
+    assert len(calls) == len(groups) // 2
+    for run in calls:
+        first, second = run[0], next(e for e in run if e != run[0])
+        k = min(run.count(first), run.count(second))
+        assert list(run[: 2 * k]) == [first, second] * k and len(set(run[2 * k:])) <= 1
+    replay = [r for r in records if r["method"] == "replay:3" and r["temperature"] == 0]
+    assert report.acceptance_by_position(replay) == pytest.approx([1.0, 1.0, 1.0])  # it replayed vanilla's answers
+    with pytest.raises(SystemExit):  # resuming without --interleave is refused (the protocol changed)
+        main([a for a in argv if a != "--interleave"] + ["--resume"])

@@ -178,8 +178,17 @@ class Engine:
 
         Chunk.index is the request's position in `requests`; `on_finish(Completion)` is called as each
         request finishes."""
+        self.start(requests)
+        while not self.idle:
+            yield self.step(on_finish)
+
+    def start(self, requests: Sequence[Request]) -> None:
+        """Queue a fixed list of requests on an idle engine as `stream` does (each validated, the KV cache sized
+        to them, a request's index its position in the list); each `step` then runs them on. For callers that
+        step several engines in turns (the benchmark's `--interleave`)."""
         if not self.idle:
-            raise RuntimeError("stream() needs an idle engine (requests submitted with submit() are pending)")
+            raise RuntimeError("start() and stream() need an idle engine (requests submitted with submit() are "
+                               "pending)")
         requests = list(requests)
         for i, r in enumerate(requests):
             self._validate(i, r, self.max_context)
@@ -189,8 +198,6 @@ class Engine:
         self._reserve(min(self.max_batch_size, len(requests)), max_len)
         for i, r in enumerate(requests):
             self.waiting.append((i, r))
-        while not self.idle:
-            yield self.step(on_finish)
 
     def submit(self, key, request: Request) -> None:
         """Queue a request; its chunks will carry `key` as their index. Raises ValueError on bad input."""

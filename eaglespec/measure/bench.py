@@ -5,7 +5,8 @@ Protocol (docs/BENCHMARKS.md says the same with the commands):
 1. Same model weights, precision, device and prompts for every method; the same token budget
    (`--max-new-tokens`; `--ignore-eos` makes every arm generate exactly that many tokens).
 2. Prompts are asked group by group (`--batch-size` prompts per group) and every method runs the group back
-   to back, vanilla first, so slow drifts of a shared machine hit all methods alike.
+   to back, in alternating order, so slow drifts of a shared machine hit all methods alike; `--interleave`:
+   vanilla and the eagle methods run each group in lockstep, one engine step of each in turn.
 3. Multi-turn sets (MT-bench): turn k is asked after the earlier turns and their answers, through the chat
    template. The answers in that history are vanilla's (the target's own answers, identical for lossless
    greedy methods), so every method sees the same turn-k prompt; without vanilla in `--methods` each method
@@ -13,8 +14,9 @@ Protocol (docs/BENCHMARKS.md says the same with the commands):
 4. Warm-up excluded: one short unreported generation (8 tokens) per method, batch size and temperature
    before the first timed group.
 5. Timing: wall time around prefill + decode of each group (`batch_wall_s`); the engine also reports each
-   sequence's own wall (`wall_s`, admission to last token) and its prefill / draft / verify time. Tokens/s of
-   a method = sum of new tokens / sum over groups of the group wall (batch 1: per prompt).
+   sequence's own wall (`wall_s`, admission to last token) and its prefill / draft / verify time (in lockstep:
+   sums of the engine's own steps). Tokens/s of a method = sum of new tokens / sum over groups of the group
+   wall (batch 1: per prompt).
 6. Every record is appended to `DIR/records.jsonl` and flushed as soon as it exists; `--resume` skips the
    records already there (key: dataset, question id, turn, method, batch size, temperature, seed).
 7. Greedy runs check that every lossless method produced exactly vanilla's tokens for the same prompt and
@@ -71,7 +73,7 @@ log = logging.getLogger("eaglespec")
 
 KEY_FIELDS = ("dataset", "question_id", "turn", "method", "batch_size", "temperature", "seed")
 # Settings that must not change when a run is resumed (they are not part of the record key).
-RUN_FIXED = ("model", "dtype", "device", "max_new_tokens", "top_p", "ignore_eos", "raw")
+RUN_FIXED = ("model", "dtype", "device", "max_new_tokens", "top_p", "ignore_eos", "raw", "interleave")
 WARMUP_TOKENS = 8
 
 
@@ -254,14 +256,53 @@ class EngineRunner:
         done = self.engine.generate([Request(p, c) for p, c in zip(prompts, configs)])
         synchronize(self.device)
         wall = time.perf_counter() - t0
+        return [self.output(c, c.stats.wall_s, wall, len(prompts)) for c in done]
+
+    def output(self, c, wall_s: float, batch_wall_s: float, batch_n: int) -> Output:
+        """The Output of one Completion ``c``, timed at ``wall_s`` (its own) and ``batch_wall_s`` (its group's)."""
         spec = self.engine.proposer is not None
         # the step-cost feedback's state after this group (`--tree auto`): what it made of the timed steps so far
         feedback = getattr(getattr(self.engine.proposer, "dispatcher", None), "feedback", None)
         extra = {"cost_feedback": feedback.snapshot()} if feedback is not None else {}
-        return [Output(c.token_ids, c.text, c.finish_reason, c.stats.wall_s, wall, len(prompts),
-                       c.stats.target_forwards, list(c.stats.accepted_per_position), c.stats.prefill_s,
-                       c.stats.draft_s, c.stats.verify_s, {**c.stats.dispatch_record(), **extra} if spec else {})
-                for c in done]
+        return Output(c.token_ids, c.text, c.finish_reason, wall_s, batch_wall_s, batch_n, c.stats.target_forwards,
+                      list(c.stats.accepted_per_position), c.stats.prefill_s, c.stats.draft_s, c.stats.verify_s,
+                      {**c.stats.dispatch_record(), **extra} if spec else {})
+
+
+def run_interleaved(runners: Sequence[EngineRunner], prompts: list[list[int]],
+                    configs: list[GenerationConfig]) -> list[list[Output]]:
+    """The same requests through every runner's engine in lockstep (``--interleave``): one engine step of each in
+    turn (a prefill or a decode step), each step timed on its own, so that the i-th steps of the methods run a few
+    milliseconds apart and share the machine's state; run back to back, methods a second or more apart met a
+    shared VM at paces that differed by a few percent (docs/BENCHMARKS.md). A method's group wall is the sum of
+    its own steps, a sequence's wall the sum of its engine's steps up to the one that finished it (every request
+    is admitted by the first step: ``len(prompts)`` at most the engines' batch size). -> per runner, the outputs
+    in request order."""
+    from eaglespec.engine.generate import Request
+
+    engines = [r.engine for r in runners]
+    too_many = [e.max_batch_size for e in engines if e.max_batch_size < len(prompts)]
+    if too_many:
+        raise ValueError(f"run_interleaved: {len(prompts)} requests exceed an engine's batch size {too_many[0]}")
+    requests = [Request(p, c) for p, c in zip(prompts, configs)]
+    for e in engines:
+        e.start(requests)
+    spent = [0.0] * len(engines)  # seconds of each engine's steps so far
+    done: list[dict[int, tuple]] = [{} for _ in engines]  # request index -> (Completion, its wall)
+    while not all(e.idle for e in engines):
+        for k, e in enumerate(engines):
+            if e.idle:
+                continue
+            finished: list = []
+            synchronize(runners[k].device)
+            t = time.perf_counter()
+            e.step(on_finish=finished.append)
+            synchronize(runners[k].device)
+            spent[k] += time.perf_counter() - t
+            for c in finished:
+                done[k][c.index] = (c, spent[k])
+    return [[r.output(c, wall, spent[k], len(prompts)) for c, wall in (done[k][i] for i in range(len(prompts)))]
+            for k, r in enumerate(runners)]
 
 
 def build_hf_model(target, dtype: str, device: str):
@@ -472,6 +513,9 @@ class BenchConfig:
     ignore_eos: bool = False
     raw: bool = False
     """Send prompts as plain text instead of through the chat template."""
+    interleave: bool = False
+    """Run our engine's methods (vanilla, eagle) on each group in lockstep, a step of each in turn
+    (``run_interleaved``); the other methods still run back to back."""
     resume: bool = False
 
 
@@ -757,6 +801,7 @@ class Bench:
         order = list(reversed(self.methods)) if reverse else list(self.methods)
         order.sort(key=lambda m: m.kind == "replay")  # stable: replay last, the others keep their order
         self._pending: list[dict] = []
+        lockstep: list[tuple] = []  # (method, runner, todo, prompts, configs) run in lockstep (``--interleave``)
         try:
             for m in order:
                 why = self.unavailable.get(m.name)
@@ -793,6 +838,9 @@ class Bench:
                     self.unavailable[m.name] = f"it failed to start: {e}"
                     self._skip(m, self.unavailable[m.name])
                     continue
+                if m.kind == "replay" and lockstep:  # it replays vanilla's answers: they must be recorded first
+                    self._lockstep(lockstep, turn, batch, temp)
+                    lockstep = []
                 if m.kind == "replay":
                     for q, p in zip(todo, prompts):
                         ref = self.results.get((q.dataset, q.question_id, turn, "vanilla", batch, temp, cfg.seed))
@@ -803,14 +851,44 @@ class Bench:
                     getattr(runner, "warm_up", runner.run)([prompts[0]] * min(batch, len(prompts)),
                                                             [warm] * min(batch, len(prompts)))
                     self.warmed.add((m.name, batch, temp))
-                tree = self._tree(m, runner, batch)
-                for i in range(0, len(todo), batch):
-                    outs = runner.run(prompts[i : i + batch], configs[i : i + batch])
-                    for q, p, o in zip(todo[i : i + batch], prompts[i : i + batch], outs):
-                        shape = tree if tree[1] is not None else auto_tree(runner.engine.proposer.dispatcher, o)
-                        self._record(q, turn, m, batch, temp, p, o, shape)
+                item = (m, runner, todo, prompts, configs)
+                if cfg.interleave and m.kind in ("vanilla", "eagle") and \
+                        (not lockstep or (lockstep[0][2], lockstep[0][3]) == (todo, prompts)):
+                    lockstep.append(item)  # run with the others once every method is prepared
+                else:  # a peer, the replay drafter, or prompts the others do not share (a resumed run): alone
+                    self._back_to_back(item, turn, batch, temp)
+            self._lockstep(lockstep, turn, batch, temp)
         finally:  # what ran is kept, even when a later method fails
             self._write_group()
+
+    def _back_to_back(self, item: tuple, turn: int, batch: int, temp: float) -> None:
+        """One method's prompts of the group, ``batch`` at a time, recorded."""
+        m, runner, todo, prompts, configs = item
+        tree = self._tree(m, runner, batch)
+        for i in range(0, len(todo), batch):
+            outs = runner.run(prompts[i : i + batch], configs[i : i + batch])
+            for q, p, o in zip(todo[i : i + batch], prompts[i : i + batch], outs):
+                self._record(q, turn, m, batch, temp, p, o, self._shape(tree, runner, o))
+
+    def _lockstep(self, items: list[tuple], turn: int, batch: int, temp: float) -> None:
+        """Methods of the group that share its prompts, ``batch`` at a time, in lockstep (``run_interleaved``);
+        one method alone runs back to back."""
+        if len(items) == 1:
+            self._back_to_back(items[0], turn, batch, temp)
+        if len(items) < 2:
+            return
+        todo, prompts, configs = items[0][2:]
+        trees = [self._tree(m, runner, batch) for m, runner, *_ in items]
+        for i in range(0, len(todo), batch):
+            outs = run_interleaved([runner for _, runner, *_ in items], prompts[i : i + batch], configs[i : i + batch])
+            for (m, runner, *_), tree, method_outs in zip(items, trees, outs):
+                for q, p, o in zip(todo[i : i + batch], prompts[i : i + batch], method_outs):
+                    self._record(q, turn, m, batch, temp, p, o, self._shape(tree, runner, o))
+
+    @staticmethod
+    def _shape(tree: tuple, runner, o: Output) -> tuple:
+        """The record's tree: the method's own, or under the adaptive dispatcher what it chose for ``o``."""
+        return tree if tree[1] is not None else auto_tree(runner.engine.proposer.dispatcher, o)
 
     def _write_group(self) -> None:
         """Compare the group's records with vanilla's on the same prompts (speedup; greedy mismatches) and
@@ -966,6 +1044,9 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", default="1", help="one value or a comma sweep, e.g. 1,2,4,8")
     p.add_argument("--ignore-eos", action="store_true", help="every arm generates exactly --max-new-tokens")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--interleave", action="store_true",
+                   help="run vanilla and the eagle methods on each group in lockstep, one engine step of each in "
+                        "turn (each step timed on its own), instead of back to back")
     add_model_args(p)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (recorded with the machine facts)")
     p.add_argument("--no-report", action="store_true", help="do not write report.md and plots at the end")
@@ -999,7 +1080,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                           temperatures=[float(t) for t in args.temperature.split(",")], top_p=args.top_p,
                           seed=args.seed, batch_sizes=_ints(args.batch_size, "--batch-size"),
-                          ignore_eos=args.ignore_eos, raw=args.raw, resume=args.resume)
+                          ignore_eos=args.ignore_eos, raw=args.raw, interleave=args.interleave,
+                          resume=args.resume)
     except ValueError as e:
         raise BenchError(f"bad value: {e}") from None
     target = None
