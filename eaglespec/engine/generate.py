@@ -367,7 +367,9 @@ class Engine:
         # draw's (one). A step that drafts nothing therefore takes its bonus uniform where vanilla decoding takes
         # it: a speculative engine that pauses samples vanilla's tokens at any temperature, so paused runs and
         # vanilla runs of a benchmark are paired token for token.
-        u_accept = draw_uniforms([s.accept_generator for s in seqs], self.slack, logits.device)  # [B, slack]
+        # An engine whose trees are the root alone (slack 1: vanilla) tests no acceptance and draws no such uniform.
+        u_accept = draw_uniforms([s.accept_generator for s in seqs], self.slack, logits.device) if self.slack > 1 \
+            else probs.new_zeros(len(seqs), 1)  # [B, slack]
         u_bonus = draw_uniforms([s.generator for s in seqs], 1, logits.device)[:, 0]  # [B]
         return verify_sampling(tree, probs, u_accept[:, :n], u_bonus, sampled_children=tree.draft_q is not None,
                                max_depth=tree.max_depth)
