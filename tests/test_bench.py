@@ -531,7 +531,7 @@ def test_interleaved_bench_steps_the_engines_in_turns(model_dir, head_dir, quest
         if r["method"] in ("vanilla", eagle):
             groups.setdefault((r["method"], r["batch_size"], r["temperature"], r["batch_wall_s"]), []).append(r)
     # batch 1: a group per prompt; batch 2: prompts 1-2, then 3
-    assert sorted(len(g) for g in groups.values()) == [1] * 12 + [1] * 4 + [2] * 4
+    assert sorted(len(g) for g in groups.values()) == [1] * 16 + [2] * 4
     for g in groups.values():  # the wall of the group's last request is the sum of all its engine's steps
         assert max(r["wall_s"] for r in g) == g[0]["batch_wall_s"]
     # each lockstep run stepped its two engines in turns until the one with fewer steps was done

@@ -873,9 +873,9 @@ class Bench:
     def _lockstep(self, items: list[tuple], turn: int, batch: int, temp: float) -> None:
         """Methods of the group that share its prompts, ``batch`` at a time, in lockstep (``run_interleaved``);
         one method alone runs back to back."""
-        if len(items) == 1:
-            self._back_to_back(items[0], turn, batch, temp)
         if len(items) < 2:
+            for item in items:
+                self._back_to_back(item, turn, batch, temp)
             return
         todo, prompts, configs = items[0][2:]
         trees = [self._tree(m, runner, batch) for m, runner, *_ in items]
