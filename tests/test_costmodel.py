@@ -440,19 +440,20 @@ def test_engine_stats_count_the_chosen_trees_and_their_predictions():
     prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:2]]
     # the tiny model's steps cost nothing like the hand-made prices: choices from acceptance alone
     d = AdaptiveDispatcher(flat_costs(batches=(1, 2)), repick_every=2, probe_every=3, cost_feedback=False)
-    steps = []
-    orig = d.pick
-
-    def pick(b, rows=None, context=None, **kw):
-        cfg = orig(b, rows, context, **kw)
-        steps.append((cfg.label, d.step))
-        return cfg
-
-    d.pick = pick
+    steps = []  # per step: the tree the proposer drafted and the dispatcher's prediction for it
     head = make_head(target, "eagle3")
+    proposer = EagleProposer(head, d)
+    orig = proposer.propose
+
+    def propose(*a, **kw):
+        tree = orig(*a, **kw)
+        steps.append((proposer.step_label, d.step))
+        return tree
+
+    proposer.propose = propose
     reqs = [Request(p, GenerationConfig(24, ignore_eos=True)) for p in prompts]
     with torch.inference_mode():
-        done = Engine(target, EagleProposer(head, d), max_batch_size=2).generate(reqs)
+        done = Engine(target, proposer, max_batch_size=2).generate(reqs)
     assert {label for label, _ in steps} >= {"none", "chain1"}  # drafted (the cheapest chain), then paused
     assert all(label == c.label for label, c in steps)  # each step's prediction is for the tree it ran
     for c in done:  # both rows ran every step together
@@ -694,6 +695,87 @@ def test_paused_dispatch_keeps_greedy_identity_and_seeded_sampling_repeats():
     first = run(hot, spec())
     assert run(hot, spec()) == first
     assert run(SamplingParams(temperature=1.0, seed=8), spec()) != first  # the seed matters
+
+
+@pytest.mark.parametrize("max_lag", [1024, 7])
+def test_quiet_runs_skip_picks_but_change_no_choice(max_lag):
+    """A proposer that takes the dispatcher's quiet runs for granted (paused steps without a pick:
+    ``AdaptiveDispatcher.quiet_run``) drafts the same trees, looks back at the same steps, decodes the same tokens
+    and leaves the dispatcher's counters where one that asks at every step leaves them, with fewer picks; rows
+    that join and leave, probes falling due, contexts entering another bucket and (``max_lag`` 7) a full lag
+    buffer end a run."""
+    import torch
+
+    from eaglespec.config import GenerationConfig, SamplingParams
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.dispatch import CONTEXT_BUCKET, AdaptiveDispatcher
+    from eaglespec.spec.proposer import EagleProposer
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    prompts = [tiny_tokenizer().encode(p) for p in PROMPTS[:3]]
+    assert max(map(len, prompts)) < CONTEXT_BUCKET < min(map(len, prompts)) + 90  # each crosses a bucket's edge
+    reqs = [Request(p, GenerationConfig(90, SamplingParams(temperature=1.0, seed=i), ignore_eos=True))
+            for i, p in enumerate(prompts)]
+
+    def run(quiet: bool):
+        # chain 1 pays above ~58% depth-1 acceptance: mostly paused, looking back now and then; every context
+        # token adds to a step's price, so each choice's prediction differs from one context bucket to the next
+        flat = flat_costs(per_token=0.01, batches=(1, 2))
+        d = AdaptiveDispatcher(CostTable(flat.verify, flat.draft, context={k: 1e-5 for k in flat.verify}),
+                               repick_every=2, probe_every=5, cost_feedback=False)
+        if not quiet:
+            d.quiet_run = lambda: 0
+        proposer = EagleProposer(make_head(target, "eagle3"), d, max_lag=max_lag)
+        picks, trace, counters = [0], [], []
+        pick, propose, look = d.pick, proposer.propose, d.observe_look_back
+        d.pick = lambda *a, **k: picks.__setitem__(0, picks[0] + 1) or pick(*a, **k)
+        d.observe_look_back = lambda *a, **k: trace.append("look-back") or look(*a, **k)
+
+        def traced(*a, **k):
+            tree = propose(*a, **k)
+            trace.append((proposer.step_label, d.step))
+            return tree
+
+        proposer.propose = traced
+        engine = Engine(target, proposer, max_batch_size=2)
+        with torch.inference_mode():
+            out = [c.token_ids for c in engine.generate(reqs)]
+        proposer._settle_quiet()
+        counters.append((d._steps, d._since_draft, d._probe_wait))
+        return out, trace, counters, picks[0]
+
+    asked, quiet = run(False), run(True)
+    assert quiet[:3] == asked[:3]
+    labels = [t[0] for t in asked[1] if t != "look-back"]
+    assert "look-back" in asked[1] and labels.count("none") > len(labels) // 2  # mostly paused, looking back
+    assert asked[3] == len(labels) and quiet[3] < asked[3] // 2  # most paused steps asked nothing
+
+
+def test_a_quiet_run_is_as_long_as_the_picks_it_vouches_for():
+    """``quiet_run`` after a pause: the steps before the next probe falls due or the context enters the next
+    bucket, whichever comes first; none after a drafting pick; ``skip_quiet`` refuses more than that."""
+    from eaglespec.spec.dispatch import CONTEXT_BUCKET, AdaptiveDispatcher
+
+    d = AdaptiveDispatcher(flat_costs(per_token=0.01), repick_every=1, probe_every=8, cost_feedback=False)
+    d.start_row(0)
+    assert not d.pick(1, [0], context=10.0).drafts and d.quiet_run() == 6  # picks 2-7; the 8th probes
+    d.skip_quiet(3)
+    assert d.quiet_run() == 3
+    with pytest.raises(ValueError, match="skip_quiet: 4 steps"):
+        d.skip_quiet(4)
+    d.skip_quiet(3)
+    d.pick(1, [0], context=17.0)
+    assert d._probe_wait == 16 and d.quiet_run() == 0  # the 8th pick: its probe was due (the next wait doubled)
+    e = AdaptiveDispatcher(flat_costs(per_token=0.01), repick_every=1, probe_every=256, max_probe_every=256,
+                           cost_feedback=False)
+    e.start_row(0)
+    # contexts 61.5, 62.5 and 63.5 follow in its bucket; 64.5 is in the next one
+    assert not e.pick(1, [0], context=CONTEXT_BUCKET - 3.5).drafts and e.quiet_run() == 3
+    cheap = AdaptiveDispatcher(flat_costs(), cost_feedback=False, prior=AcceptanceTracker(prior=(0.9,) * 8))
+    cheap.start_row(0)
+    assert cheap.pick(1, [0], context=10.0).drafts and cheap.quiet_run() == 0
 
 
 def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():

@@ -154,6 +154,7 @@ class Engine:
         self.proposer = proposer
         self.max_batch_size = max_batch_size
         self.device = self.model.device
+        self._queued = self.device.type != "cpu"  # kernels run asynchronously (``_sync`` waits; a no-op on the CPU)
         self.max_context = self.model.args.max_position_embeddings
         if max_len is not None and not 1 < max_len <= self.max_context:
             raise ValueError(f"max_len must be in [2, {self.max_context}], got {max_len}")
@@ -302,7 +303,8 @@ class Engine:
         return seq
 
     def _sync(self) -> None:
-        synchronize(self.device)
+        if self._queued:
+            synchronize(self.device)
 
     def _prefill(self, seqs: list[_Sequence]) -> list[Chunk]:
         t0 = time.perf_counter()
@@ -362,13 +364,14 @@ class Engine:
             return verify_greedy(tree, logits, max_depth=tree.max_depth)
         probs = process_logits(logits, p.temperature, p.top_k, p.top_p)  # [B, N, V]
         n = tree.tokens.shape[1]
-        # Two streams a row, each drawn a fixed count a step, so that a row's random stream does not depend on the
-        # tree of its batch: the acceptance tests' (the engine's slack, entry 0, the root's, unused) and the bonus
-        # draw's (one). A step that drafts nothing therefore takes its bonus uniform where vanilla decoding takes
-        # it: a speculative engine that pauses samples vanilla's tokens at any temperature, so paused runs and
-        # vanilla runs of a benchmark are paired token for token.
-        # An engine whose trees are the root alone (slack 1: vanilla) tests no acceptance and draws no such uniform.
-        u_accept = draw_uniforms([s.accept_generator for s in seqs], self.slack, logits.device) if self.slack > 1 \
+        # Two streams a row, each drawn a fixed count a step, so that how many uniforms a row takes does not depend
+        # on the shape of its batch's tree: the acceptance tests' (the engine's slack at each step that verifies a
+        # draft, entry 0, the root's, unused; none at a step whose tree is the root alone, which tests nothing:
+        # 5-10 us of a paused step at batch 1) and the bonus draw's (one). A step that drafts nothing therefore
+        # takes its bonus uniform where vanilla decoding takes it: a speculative engine that pauses samples
+        # vanilla's tokens at any temperature, so paused runs and vanilla runs of a benchmark are paired token for
+        # token.
+        u_accept = draw_uniforms([s.accept_generator for s in seqs], self.slack, logits.device) if n > 1 \
             else probs.new_zeros(len(seqs), 1)  # [B, slack]
         u_bonus = draw_uniforms([s.generator for s in seqs], 1, logits.device)[:, 0]  # [B]
         return verify_sampling(tree, probs, u_accept[:, :n], u_bonus, sampled_children=tree.draft_q is not None,

@@ -441,6 +441,30 @@ class AdaptiveDispatcher:
         self.step = self.last
         return True
 
+    def quiet_run(self) -> int:
+        """How many of the next picks would be ``_quiet_step``s if they came with the rows of the latest pick, each
+        adding one token to every row (paused steps do): 0 unless the latest pick paused on unchanged evidence
+        (``_quiet`` set). The run ends before a probe falls due and before the context enters another bucket
+        (``CONTEXT_BUCKET``) or price band (``StepCostFeedback.band``, which ``observe_step`` reads from the
+        latest pick's context). A caller that skips those picks says how many with ``skip_quiet`` before it
+        calls anything else here."""
+        if self._quiet is None or self._context is None:
+            return 0
+        c = int(self._context)  # a paused step adds one token to every row: the mean context grows by one
+        edge = (c // CONTEXT_BUCKET + 1) * CONTEXT_BUCKET
+        if self.feedback is not None:
+            edge = min(edge, (c // self.feedback.band + 1) * self.feedback.band)
+        return max(0, min(self._probe_wait - self._since_draft - 1, edge - c - 1))
+
+    def skip_quiet(self, steps: int) -> None:
+        """``steps`` quiet picks (``quiet_run``) the caller took for granted: the counters advance as they would
+        have."""
+        if not 0 <= steps <= self.quiet_run():
+            raise ValueError(f"skip_quiet: {steps} steps, but the latest pick allows a quiet run of "
+                             f"{self.quiet_run()}")
+        self._steps += steps
+        self._since_draft += steps
+
     def _quiet_key(self, batch_size: int, rows: Sequence[int], bucket: int | None) -> tuple:
         """The part of a pick's evidence that a quiet pick compares: all of it but which rows sample."""
         drafted = self.feedback.drafted if self.feedback is not None else 0
