@@ -1940,12 +1940,18 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
         f.observe(4, "none", 0.011, 0.010)  # plain steps 10% dearer than priced too
     assert f.factor(4, "chain1") == pytest.approx(1.3 / 1.1)
     for _ in range(4):
-        f.observe(4, "none", 0.013, 0.010)  # plain now 1.2 on average: the chain within 1.10 of it
+        f.observe(4, "none", 0.014, 0.010)  # plain now 1.25 on average: the chain within 1.05 (1.04) of it
     assert f.factor(4, "chain1") == 1.0
     assert f.factor(1, "chain1") == 1.0 and f.factor(4, "none") == 1.0  # per batch size; plain is the reference
     assert f.factors(4) == {"chain1": 1.0} and f.drafted == 4
     assert f.snapshot() == [{"batch": 4, "tree": "chain1", "context": None, "ratio": 1.3, "weight": 4.0, "factor": 1.0},
-                            {"batch": 4, "tree": "none", "context": None, "ratio": 1.2, "weight": 8.0, "factor": 1.0}]
+                            {"batch": 4, "tree": "none", "context": None, "ratio": 1.25, "weight": 8.0, "factor": 1.0}]
+
+    small = StepCostFeedback(decay=1.0, min_weight=4)  # 8% dearer relative to plain: past the 5% tolerance
+    for _ in range(4):
+        small.observe(1, "chain1", 0.0108, 0.010)
+        small.observe(1, "none", 0.0100, 0.010)
+    assert small.factor(1, "chain1") == pytest.approx(1.08)
 
     bands = StepCostFeedback(decay=1.0)  # plain steps timed over long contexts only, where they ran cheap
     for _ in range(20):
@@ -2027,7 +2033,7 @@ def test_a_tree_the_calibration_priced_too_cheap_is_dropped_once_its_steps_are_t
     for _ in range(30):
         assert d.pick(1, [0]).label == "chain1"
         d.observe([0], Chain(1), [1])
-        d.observe_step(1, 0.0143)  # 1.1x its price (the tolerance): still ~1.5 / 1.43 = 1.05x, above the margin
+        d.observe_step(1, 0.0143)  # 1.1x its price (past the tolerance): still ~1.5 / 1.43 = 1.05x, above the margin
     assert d.last.factor == pytest.approx(1.1, rel=1e-9)
     assert d.last.predicted_speedup == pytest.approx(1.5 / 1.43, rel=1e-4)
     assert d.last.step_s == pytest.approx(0.0143)

@@ -459,12 +459,12 @@ class StepCostFeedback:
     evidence in the band before it is corrected.
 
     Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 8,
-    ``tolerance`` 1.10, ``band`` 256 tokens."""
+    ``tolerance`` 1.05 (1.10 before session 35: see ``docs/DISPATCH.md``), ``band`` 256 tokens."""
 
     decay: float = 0.99
     clip: float = 2.0
     min_weight: float = 8.0
-    tolerance: float = 1.10
+    tolerance: float = 1.05
     band: int = 256
     ratios: dict[tuple[int, str, int], tuple[float, float]] = field(default_factory=dict)
     """(batch, label, band index) -> (decayed sum of ratios, decayed weight); band -1: context unknown."""
