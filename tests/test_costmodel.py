@@ -729,7 +729,8 @@ def test_quiet_runs_skip_picks_but_change_no_choice(max_lag):
             d.quiet_run = lambda: 0
         proposer = EagleProposer(make_head(target, "eagle3"), d, max_lag=max_lag)
         picks, trace, counters = [0], [], []
-        pick, propose, look = d.pick, proposer.propose, d.observe_look_back
+        pick, propose, look, timed = d.pick, proposer.propose, d.observe_look_back, d.observe_catch_up
+        d.observe_catch_up = lambda pairs, seconds: timed(pairs, 2e-5 * pairs)  # a probe's price without a clock
         d.pick = lambda *a, **k: picks.__setitem__(0, picks[0] + 1) or pick(*a, **k)
         d.observe_look_back = lambda *a, **k: trace.append("look-back") or look(*a, **k)
 
@@ -776,6 +777,37 @@ def test_a_quiet_run_is_as_long_as_the_picks_it_vouches_for():
     cheap = AdaptiveDispatcher(flat_costs(), cost_feedback=False, prior=AcceptanceTracker(prior=(0.9,) * 8))
     cheap.start_row(0)
     assert cheap.pick(1, [0], context=10.0).drafts and cheap.quiet_run() == 0
+
+
+def test_a_sampled_request_drafts_on_a_larger_predicted_gain_and_pauses_sooner():
+    """A request alone that samples starts drafting at a predicted ``SAMPLED_MARGIN`` (a greedy one at ``margin``)
+    and pauses below ``SAMPLED_KEEP_MARGIN`` (a greedy one below ``KEEP_MARGIN``), its acceptance sinking as every
+    draft is rejected; out-of-range settings are refused."""
+    from eaglespec.spec.dispatch import KEEP_MARGIN, SAMPLED_KEEP_MARGIN, SAMPLED_MARGIN, AdaptiveDispatcher
+
+    def trace(sampled: bool, rate: float) -> list[tuple[str, float]]:
+        d = AdaptiveDispatcher(flat_costs(), repick_every=1, cost_feedback=False, spread_prior=False, deepen_steps=0,
+                               probe_every=1000, max_probe_every=1000)
+        d.pools[sampled] = AcceptanceTracker(prior=(rate,) * 8, weight=20.0)
+        d.start_row(0, sampled)
+        out = []
+        for _ in range(40):
+            cfg = d.pick(1, [0], context=10.0)
+            out.append((cfg.label, d.last.predicted_speedup))
+            if cfg.drafts:
+                d.observe([0], cfg, [0])
+        return out
+
+    assert trace(False, 0.19)[0] == ("chain1", pytest.approx(1.041, abs=1e-3))  # a greedy request drafts at 1.04x
+    assert trace(True, 0.19)[0][0] == "none" and trace(True, 0.21)[0][0] == "none"  # a sampled one not below 1.06x
+    greedy, sampled = trace(False, 0.25), trace(True, 0.25)  # 1.09x at the start, then sinking
+    assert greedy[0][0] == sampled[0][0] == "chain1" and SAMPLED_MARGIN <= sampled[0][1]
+    assert any(label == "chain1" and KEEP_MARGIN <= p < 1.0 for label, p in greedy)
+    assert all(p >= SAMPLED_KEEP_MARGIN for label, p in sampled if label == "chain1") and sampled[-1][0] == "none"
+    assert sum(label == "chain1" for label, _ in sampled) < sum(label == "chain1" for label, _ in greedy)
+    for bad in ({"sampled_margin": 0.99}, {"sampled_keep_margin": 0.0}, {"sampled_keep_margin": 1.2}):
+        with pytest.raises(ValueError, match="sampled_margin must be >= 1"):
+            AdaptiveDispatcher(flat_costs(), **bad)
 
 
 def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
@@ -1545,7 +1577,7 @@ def test_a_sampled_look_back_probe_scores_the_chances_a_sampled_chain_would_have
     monkeypatch.setattr(dispatch, "PROBE_COST_STEPS", 0.0)
     d = AdaptiveDispatcher(flat_costs(per_token=0.001, batches=(1, 2)), prior=AcceptanceTracker(prior=(0.16,) * 8),
                            repick_every=1, probe_every=6, max_probe_every=6, batched_margin=1.02,
-                           batched_probe_optimism=1.5)
+                           batched_probe_optimism=1.5, sampled_margin=1.02)
     d.pools[True] = AcceptanceTracker(prior=(0.16,) * 8)  # sampled requests start from their own pool
     seen = []
     observe = d.observe_look_back

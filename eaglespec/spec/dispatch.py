@@ -10,7 +10,8 @@ per-request acceptance (``costmodel.py`` has the formulas).
   per-depth acceptance (a batch shares one tree) against the calibrated costs at this batch size and the
   rows' mean context (a verified token costs more in a longer context). A request alone in its batch starts
   drafting on a predicted gain of ``margin`` and, once drafting, pauses only on a predicted loss
-  (``KEEP_MARGIN``); a batch of several uses ``batched_margin`` both ways.
+  (``KEEP_MARGIN``); a batch of several uses ``batched_margin`` both ways; a batch holding a sampled request
+  asks more (``SAMPLED_MARGIN``, ``SAMPLED_KEEP_MARGIN``).
 * A batch that stopped drafting (choice ``none``) probes after ``probe_every`` steps, and chooses again from
   what the probe saw, so acceptance that recovers is seen again; each probe after which drafting still does
   not pay doubles the wait (up to ``max_probe_every``); a request alone in the batch starts the waits over (it
@@ -96,6 +97,18 @@ rounds on MT-bench and HumanEval and ran 1.00-1.02x where the chain of 1, drafte
 (session 25's matrices). A batch of several requests keeps ``batched_margin`` both ways: the calibration's
 batch-4 prices err by more than this band."""
 
+SAMPLED_MARGIN = 1.06
+SAMPLED_KEEP_MARGIN = 1.0
+"""A batch holding a sampled request (T > 0) starts drafting on a predicted gain of ``SAMPLED_MARGIN`` (where the
+other margins ask less) and pauses on a predicted loss (below ``SAMPLED_KEEP_MARGIN`` times a plain step's
+speedup, where ``KEEP_MARGIN`` allows 2% more). A sampled request accepts less than a greedy one, its chains win
+little where they win, and the model's predictions for it erred upwards by more than the usual margins. In session
+35's two matrix runs on the 2-core EPYC (`docs/results/epyc-2026-11-29-s35/predicted_by_request.txt`), at batch 1,
+T=1, with the 1.02 / 0.98 margins: the chain of 1 read 0.95-0.99x vanilla in all six cells; `--tree auto` drafted
+for 93 of 140 requests and ran 0.967-0.983x; its drafting requests' predicted / measured speedup averaged 1.060
+(1.021 at T=0); those predicted below 1.05x ran 0.947-0.969x on average (70 requests), those predicted at 1.05x or
+more 1.019x (23, at most 1.18x), and those that never drafted 0.985x."""
+
 DEEPEN_BELOW = 1.0
 DEEPEN_STEPS = 8
 """A request alone in its batch that drafts a chain of d drafts the next longer candidate chain for
@@ -168,7 +181,8 @@ class AdaptiveDispatcher:
                  probe_optimism: float = 1.5, batched_margin: float = BATCHED_MARGIN,
                  batched_probe_optimism: float = BATCHED_PROBE_OPTIMISM, cost_feedback: bool = True,
                  keep_margin: float | None = KEEP_MARGIN, deepen_steps: int = DEEPEN_STEPS,
-                 spread_probes: bool = True, spread_prior: bool = True, pool_memory: bool = False):
+                 spread_probes: bool = True, spread_prior: bool = True, pool_memory: bool = False,
+                 sampled_margin: float = SAMPLED_MARGIN, sampled_keep_margin: float | None = SAMPLED_KEEP_MARGIN):
         if repick_every < 1 or probe_every < 1 or max_probe_every < probe_every or probe_steps < 1:
             raise ValueError("repick_every, probe_every and probe_steps must be >= 1 and max_probe_every >= "
                              "probe_every")
@@ -179,6 +193,10 @@ class AdaptiveDispatcher:
             raise ValueError(f"margins must be >= 1, got {margin} and {batched_margin}")
         if keep_margin is not None and not 0.0 < keep_margin <= margin:
             raise ValueError(f"keep_margin must be in (0, margin = {margin}] or None, got {keep_margin}")
+        if not sampled_margin >= 1.0 or sampled_keep_margin is not None \
+                and not 0.0 < sampled_keep_margin <= max(margin, sampled_margin):
+            raise ValueError(f"sampled_margin must be >= 1 and sampled_keep_margin in (0, {max(margin, sampled_margin)}] "
+                             f"or None, got {sampled_margin} and {sampled_keep_margin}")
         self.costs = costs
         self._sampled_costs = costs.for_sampled()  # batches holding a sampled request (T > 0)
         self.candidates = {c.label: c for c in candidates if c.drafts}
@@ -199,6 +217,7 @@ class AdaptiveDispatcher:
         self.repick_every, self.probe_every, self.margin = repick_every, probe_every, margin
         self.batched_margin = batched_margin
         self.keep_margin = keep_margin
+        self.sampled_margin, self.sampled_keep_margin = sampled_margin, sampled_keep_margin
         if deepen_steps < 0:
             raise ValueError(f"deepen_steps must be >= 0 (0: never), got {deepen_steps}")
         self.deepen_steps = deepen_steps
@@ -388,9 +407,9 @@ class AdaptiveDispatcher:
             self._chosen_on = evidence
             start = self._start_margin(batch_size, rows, budget, resume)
             self.last = choose(costs, batch_size, self._shapes, self._batch_tracker(rows),
-                               self._margin(batch_size) if start is None else start, context,
+                               self._margin(batch_size, rows) if start is None else start, context,
                                self._factors(batch_size), drafting=self._current.drafts and start is None,
-                               keep_margin=self.keep_margin if batch_size <= 1 else None)
+                               keep_margin=self._keep_margin(batch_size, rows))
             self._current = self.candidates.get(self.last.label, self.none)
         self._steps += 1
         cfg, self.step = self._current, self.last
@@ -510,7 +529,7 @@ class AdaptiveDispatcher:
         if pairs <= 0:
             return None
         cost, left = self._pairs_in_steps(pairs, batch_size, rows), max(budget)
-        return math.inf if cost >= left else max(self._margin(batch_size), left / (left - cost))
+        return math.inf if cost >= left else max(self._margin(batch_size, rows), left / (left - cost))
 
     def _pairs_in_steps(self, pairs: float, batch_size: int, rows: Sequence[int]) -> float:
         """What encoding ``pairs`` through the head costs, in plain steps at this batch size and context, at the
@@ -518,10 +537,20 @@ class AdaptiveDispatcher:
         plain = self._costs(rows).verify_cost(batch_size, 1, self._context)
         return pairs * (self._catch_up_s / self._catch_up_pairs) / plain if plain > 0 else PROBE_COST_STEPS
 
-    def _margin(self, batch_size: int) -> float:
+    def _margin(self, batch_size: int, rows: Sequence[int]) -> float:
         """What a tree's predicted speedup must beat to be drafted: ``margin`` alone in the batch,
-        ``batched_margin`` with other rows (see ``BATCHED_MARGIN``)."""
-        return self.margin if batch_size <= 1 else self.batched_margin
+        ``batched_margin`` with other rows (see ``BATCHED_MARGIN``), at least ``sampled_margin`` where a row
+        samples (``SAMPLED_MARGIN``)."""
+        m = self.margin if batch_size <= 1 else self.batched_margin
+        return max(m, self.sampled_margin) if any(self._sampled.get(r, False) for r in rows) else m
+
+    def _keep_margin(self, batch_size: int, rows: Sequence[int]) -> float | None:
+        """What a drafting batch's best tree must keep predicting, in plain steps' speedups (``choose``): alone in
+        the batch ``keep_margin`` (``sampled_keep_margin`` where it samples), None (the start margin both ways)
+        with other rows."""
+        if batch_size > 1:
+            return None
+        return self.sampled_keep_margin if any(self._sampled.get(r, False) for r in rows) else self.keep_margin
 
     def _factors(self, batch_size: int) -> dict[str, float]:
         return self.feedback.factors(batch_size, self._context) if self.feedback is not None else {}
@@ -555,7 +584,7 @@ class AdaptiveDispatcher:
         if floor is not None:
             rates = [max(r, f) for r, f in itertools.zip_longest(rates, floor, fillvalue=0.0)]
         hopeful = _hopeful(rates, optimism)
-        best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size), self._context,
+        best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size, rows), self._context,
                       self._factors(batch_size))
         if best.label == PLAIN:
             return False
@@ -588,7 +617,7 @@ class AdaptiveDispatcher:
         for z in SPREAD_QUANTILES:
             r = min(1.0, max(0.0, mean + z * sd))
             best = choose(costs, batch_size, self._shapes, AcceptanceTracker(1.0, (r, *rates[1:]), 1.0),
-                          self._margin(batch_size), self._context, factors)
+                          self._margin(batch_size, rows), self._context, factors)
             if best.label != PLAIN:
                 saved += left * (1.0 - 1.0 / best.predicted_speedup)
         return saved / len(SPREAD_QUANTILES) >= self.probe_cost(batch_size, rows, catch_up)
