@@ -195,8 +195,8 @@ class AdaptiveDispatcher:
             raise ValueError(f"keep_margin must be in (0, margin = {margin}] or None, got {keep_margin}")
         if not sampled_margin >= 1.0 or sampled_keep_margin is not None \
                 and not 0.0 < sampled_keep_margin <= max(margin, sampled_margin):
-            raise ValueError(f"sampled_margin must be >= 1 and sampled_keep_margin in (0, {max(margin, sampled_margin)}] "
-                             f"or None, got {sampled_margin} and {sampled_keep_margin}")
+            raise ValueError(f"sampled_margin must be >= 1 and sampled_keep_margin in (0, "
+                             f"{max(margin, sampled_margin)}] or None, got {sampled_margin} and {sampled_keep_margin}")
         self.costs = costs
         self._sampled_costs = costs.for_sampled()  # batches holding a sampled request (T > 0)
         self.candidates = {c.label: c for c in candidates if c.drafts}
@@ -584,8 +584,8 @@ class AdaptiveDispatcher:
         if floor is not None:
             rates = [max(r, f) for r, f in itertools.zip_longest(rates, floor, fillvalue=0.0)]
         hopeful = _hopeful(rates, optimism)
-        best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size, rows), self._context,
-                      self._factors(batch_size))
+        best = choose(self._costs(rows), batch_size, self._shapes, hopeful, self._margin(batch_size, rows),
+                      self._context, self._factors(batch_size))
         if best.label == PLAIN:
             return False
         return not budget or max(budget) * (1.0 - 1.0 / best.predicted_speedup) >= self.probe_cost(
