@@ -843,6 +843,32 @@ def test_paused_steps_run_no_head_forward_and_resuming_runs_one_more():
     assert per_step[10] == per_step[11] + 1 and per_step[11] >= 2  # catch-up + (draft level + commit)
 
 
+def test_a_probe_prices_the_paused_pairs_not_yet_written_without_writing_them():
+    """``catch_up_pairs`` (what a probe or a resume would encode) counts the prompt's pairs and every paused step's,
+    those kept in the unwritten run included, plus one forward's fixed cost; asking writes nothing."""
+    import torch
+
+    from eaglespec.config import GenerationConfig
+    from eaglespec.engine.generate import Engine, Request
+    from eaglespec.spec.proposer import CATCH_UP_FORWARD_PAIRS, EagleProposer
+    from eaglespec.spec.strategies import NoDraft
+    from helpers import tiny_target, tiny_tokenizer
+    from test_speculative import PROMPTS, make_head
+
+    target, _ = tiny_target("llama")
+    proposer = EagleProposer(make_head(target, "eagle3"), Scripted([NoDraft()]))
+    engine = Engine(target, proposer, max_batch_size=1)
+    prompt = tiny_tokenizer().encode(PROMPTS[0])
+    engine.submit(0, Request(prompt, GenerationConfig(20, ignore_eos=True)))
+    with torch.inference_mode():
+        for _ in range(6):  # the prefill and 5 paused steps
+            engine.step()
+    row = proposer._host.rows[0]
+    assert len(proposer._lag_run) == 5
+    assert proposer.catch_up_pairs([row]) == len(prompt) + 5 + CATCH_UP_FORWARD_PAIRS
+    assert len(proposer._lag_run) == 5  # still unwritten
+
+
 def _probed_steps(dispatcher, steps: int) -> list[int]:
     """The steps (0-based) at which a batch of row 0 drafts while every draft is rejected."""
     drafted = []

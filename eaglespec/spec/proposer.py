@@ -286,8 +286,7 @@ class EagleProposer:
             self._quiet_left -= 1
             self._quiet_taken += 1
             self._quiet_step = True
-            self._timed = len(host.rows) if self._plain_steps % PLAIN_TIMED_EVERY == 0 else 0
-            self._plain_steps += 1
+            self._time_plain(len(host.rows))
             return self._cfg.draft(self, pending)[0]
         self._settle_quiet()
         self._quiet_step = False
@@ -323,8 +322,7 @@ class EagleProposer:
         if cfg.drafts:
             self._timed = n
         else:
-            self._timed = n if self._plain_steps % PLAIN_TIMED_EVERY == 0 else 0
-            self._plain_steps += 1
+            self._time_plain(n)
         # The engine drafts for all its active rows every step, so the bound covers every row that lags.
         if (self._lag_bound or self._prompts) and (cfg.drafts or look_back or self._lag_bound >= self.max_lag):
             self._catch_up(rows, ids, look_back)
@@ -333,6 +331,11 @@ class EagleProposer:
         tree, node_slot = cfg.draft(self, pending)
         self._drafted = _Drafted(prefix_lengths, node_slot, host)
         return tree
+
+    def _time_plain(self, n: int) -> None:
+        """A paused step of ``n`` rows: timed for the price check (``_timed``) once in PLAIN_TIMED_EVERY."""
+        self._timed = n if self._plain_steps % PLAIN_TIMED_EVERY == 0 else 0
+        self._plain_steps += 1
 
     def _settle_quiet(self) -> None:
         """End the quiet run: the dispatcher counts the picks it skipped, and is asked again at the next step."""
@@ -356,8 +359,7 @@ class EagleProposer:
         host rows given to ``propose``) the "stable" alignment reads nothing back; "last" still reads how many
         drafted pairs it kept, which only the device knows."""
         if self._quiet_step and self._lag_run:  # the run's rows, as at the step before: recorded as it records
-            self._lag_run.append((self.head.target_feature(out), verdict.bonus, getattr(verdict, "bonus_p", None)))
-            self._lag_bound += 1
+            self._run_append(out, verdict.bonus, getattr(verdict, "bonus_p", None))
             return
         if not self._cfg.drafts and self.max_lag > 0:  # a plain step is no evidence of acceptance
             self._record_paused(rows, verdict.bonus, getattr(verdict, "bonus_p", None), out)
@@ -467,8 +469,7 @@ class EagleProposer:
                 self._flush_lag_run()
             if not run:  # each lag < max_lag: propose() caught up at the bound
                 self._lag_run_rows, self._lag_run_start = host.rows, tuple(lag.get(r, 0) for r in host.rows)
-            run.append((self.head.target_feature(out), bonus, bonus_p))  # [B, 1, F], [B], [B]: this step's own
-            self._lag_bound += 1  # the rows' host counts take the run's steps when it is written
+            self._run_append(out, bonus, bonus_p)
             return
         self._flush_lag_run()
         self._lag_host = None  # a step without host rows: from now on only the device knows the lags
@@ -483,6 +484,12 @@ class EagleProposer:
         self._lag_p.view(-1).index_copy_(0, flat, torch.ones_like(bonus, dtype=torch.float32) if bonus_p is None
                                          else bonus_p.float())
         self._lag_n.index_copy_(0, rows, slot + 1)
+        self._lag_bound += 1
+
+    def _run_append(self, out, bonus: Tensor, bonus_p: Tensor | None) -> None:
+        """One paused step of the run's rows: its feature [B, 1, F], bonus [B] and their probabilities [B] kept as
+        they are (the rows' host counts take the run's steps when it is written: ``_flush_lag_run``)."""
+        self._lag_run.append((self.head.target_feature(out), bonus, bonus_p))
         self._lag_bound += 1
 
     def _lag_room(self, need: int) -> None:
@@ -525,16 +532,16 @@ class EagleProposer:
         its longest row, plus CATCH_UP_FORWARD_PAIRS a forward (``plan_catch_up``); 0 when nothing waits."""
         if not (self._lag_bound or self._prompts):
             return 0
-        self._flush_lag_run()  # the host counts include the recorded run
         widths = [p + n for p, n in zip(*self._waiting(row_ids))]
         return catch_up_cost(plan_catch_up(widths), widths)
 
     def _waiting(self, ids: Sequence[int]) -> tuple[list[int], list[int]]:
         """Per row, the pairs a catch-up encodes: its waiting prompt's, and its recorded ones (the host's count;
         the bound over all rows when only the device knows them)."""
-        lag = self._lag_host
+        lag, run = self._lag_host, len(self._lag_run)  # the host counts leave out the run not written yet
         return ([self._prompts[r][1].shape[0] if r in self._prompts else 0 for r in ids],
-                [lag.get(r, 0) if lag is not None else self._lag_bound for r in ids])
+                [lag.get(r, 0) + (run if r in self._lag_run_rows else 0) if lag is not None else self._lag_bound
+                 for r in ids])
 
     def _catch_up(self, rows: Tensor, row_ids: Sequence[int] | None = None, look_back: bool = False) -> None:
         """Encode every row's waiting pairs: its prompt's if they wait, then its recorded paused pairs, pair j of
