@@ -1988,7 +1988,7 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     readings and parameters are refused."""
     from eaglespec.spec.costmodel import StepCostFeedback
 
-    f = StepCostFeedback(decay=1.0, min_weight=4)
+    f = StepCostFeedback(decay=1.0, min_weight=4, age=1.0)
     for _ in range(3):
         f.observe(4, "chain1", 0.013, 0.010)
     assert f.factor(4, "chain1") == 1.0  # 3 steps: not enough evidence
@@ -2005,13 +2005,13 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert f.snapshot() == [{"batch": 4, "tree": "chain1", "context": None, "ratio": 1.3, "weight": 4.0, "factor": 1.0},
                             {"batch": 4, "tree": "none", "context": None, "ratio": 1.25, "weight": 8.0, "factor": 1.0}]
 
-    small = StepCostFeedback(decay=1.0, min_weight=4)  # 8% dearer relative to plain: past the 5% tolerance
+    small = StepCostFeedback(decay=1.0, min_weight=4, age=1.0)  # 8% dearer relative to plain: past the 5% tolerance
     for _ in range(4):
         small.observe(1, "chain1", 0.0108, 0.010)
         small.observe(1, "none", 0.0100, 0.010)
     assert small.factor(1, "chain1") == pytest.approx(1.08)
 
-    bands = StepCostFeedback(decay=1.0)  # plain steps timed over long contexts only, where they ran cheap
+    bands = StepCostFeedback(decay=1.0, age=1.0, min_weight=8)  # plain steps timed over long contexts only, where they ran cheap
     for _ in range(20):
         bands.observe(1, "none", 0.0082, 0.010, context=1500)
         bands.observe(1, "chain1", 0.0095, 0.010, context=200)
@@ -2023,7 +2023,7 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert [(e["tree"], e["context"]) for e in bands.snapshot()] == [("chain1", [0, 256]), ("chain1", [1280, 1536]),
                                                                       ("none", [1280, 1536])]
 
-    fast = StepCostFeedback(decay=1.0)  # everything runs at 0.7x its price
+    fast = StepCostFeedback(decay=1.0, age=1.0, min_weight=8)  # everything runs at 0.7x its price
     for _ in range(10):
         fast.observe(1, "chain2", 0.014, 0.020)
         fast.observe(1, "none", 0.007, 0.010)
@@ -2032,7 +2032,7 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
         fast.observe(1, "chain2", 0.010, 0.020)  # the chain now at 0.5x its price, plain at 0.7x
     assert fast.factor(1, "chain2") == 1.0  # cheaper than priced: the price stands
 
-    stall = StepCostFeedback(decay=1.0, tolerance=1.0)
+    stall = StepCostFeedback(decay=1.0, tolerance=1.0, age=1.0, min_weight=8)
     for _ in range(9):
         stall.observe(1, "none", 0.010, 0.010)
         stall.observe(1, "chain1", 0.010, 0.010)
@@ -2051,6 +2051,95 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
         StepCostFeedback(tolerance=0.9)
     with pytest.raises(ValueError, match="band >= 1"):
         StepCostFeedback(band=0)
+    with pytest.raises(ValueError, match="0 < age <= 1"):
+        StepCostFeedback(age=0.0)
+    with pytest.raises(ValueError, match="0 <= release <= 1"):
+        StepCostFeedback(release=1.5)
+
+
+def test_step_cost_feedback_needs_min_weight_then_holds_a_correction_until_it_ages_out():
+    """Session 35's MT-bench miss, replayed: the first request read the chain of 1 at 1.31 of its price over 10
+    steps, plain steps at 1.18; with the old ``min_weight`` of 8 that set f = 1.11 and paused the chain for good,
+    now it needs 24 steps' worth. A correction that was reached holds while plain steps age it (a paused tree is
+    not timed again) and lets go once its weight falls below ``release`` times ``min_weight``: the tree is then
+    chosen on its price and timed anew. A reading that never reached ``min_weight`` does not correct on the way
+    down either."""
+    from eaglespec.spec.costmodel import StepCostFeedback
+
+    def early(**kw):
+        f = StepCostFeedback(**kw)
+        for _ in range(26):
+            f.observe(1, "none", 0.0118, 0.010)
+        for _ in range(10):
+            f.observe(1, "chain1", 0.0131, 0.010)
+        return f
+
+    assert early(min_weight=8).factor(1, "chain1") == pytest.approx(1.31 / 1.18)  # the old rule: paused
+    f = early()
+    assert f.factor(1, "chain1") == 1.0 and f.ratio(1, "chain1") is None
+    for _ in range(13):
+        f.observe(1, "chain1", 0.0131, 0.010)
+    assert f.ratio(1, "chain1") is None  # weight 21.5: still short of 24
+    for _ in range(400):  # aged down from below min_weight: nothing was held
+        f.observe(1, "none", 0.0118, 0.010)
+    assert f.ratio(1, "chain1") is None
+
+    g = StepCostFeedback()
+    for _ in range(30):
+        g.observe(1, "none", 0.010, 0.010)
+        g.observe(1, "chain1", 0.013, 0.010)
+    assert g.factor(1, "chain1") == pytest.approx(1.3)
+    w0 = g.snapshot()[0]["weight"]
+    assert w0 >= 24
+    held = math.floor(math.log(12 / w0) / math.log(0.998))  # plain steps until the weight falls below 12
+    for _ in range(held - 1):
+        g.observe(1, "none", 0.010, 0.010)
+    assert g.factor(1, "chain1") == pytest.approx(1.3)  # weight ~12.0: held since it reached 24
+    for _ in range(2):
+        g.observe(1, "none", 0.010, 0.010)
+    assert g.factor(1, "chain1") == 1.0  # aged out: chosen on its price again
+    assert g.snapshot()[0]["weight"] < 12
+    for _ in range(15):  # timed anew at the same ratio: corrects again once its weight is back at 24 (16 steps)
+        g.observe(1, "chain1", 0.013, 0.010)
+        assert g.factor(1, "chain1") == 1.0
+    g.observe(1, "chain1", 0.013, 0.010)
+    assert g.factor(1, "chain1") == pytest.approx(1.3)
+
+    renewed = StepCostFeedback()
+    for _ in range(30):
+        renewed.observe(1, "chain1", 0.013, 0.010)
+    for _ in range(200):
+        renewed.observe(1, "none", 0.010, 0.010)
+    renewed.observe(1, "chain1", 0.013, 0.010)  # timed again while held at weight ~17: renewed, not restarted
+    assert renewed.snapshot()[0]["weight"] < 24 and renewed.factor(1, "chain1") == pytest.approx(1.3)
+
+    no_age = StepCostFeedback(age=1.0)  # age 1: a reading holds for good
+    for _ in range(30):
+        no_age.observe(1, "chain1", 0.013, 0.010)
+    for _ in range(5000):
+        no_age.observe(1, "none", 0.010, 0.010)
+    assert no_age.factor(1, "chain1") == pytest.approx(1.3)
+
+
+def test_step_cost_feedback_takes_plain_steps_of_the_nearest_band_where_its_own_has_none_and_only_upward():
+    """Where no plain step was timed in a band, the reference is the larger of the price and the nearest timed
+    band's plain ratio: a machine running every step 12% slow does not make a chain that ran 8% slow dearer
+    (session 35, MT-bench, 256-511 tokens), and plain steps that ran cheap elsewhere do not lower the
+    reference."""
+    from eaglespec.spec.costmodel import StepCostFeedback
+
+    f = StepCostFeedback()
+    for _ in range(40):
+        f.observe(1, "none", 0.0112, 0.010, context=100)
+        f.observe(1, "chain1", 0.0108, 0.010, context=300)
+        f.observe(1, "none", 0.0090, 0.010, context=1300)
+    assert f.plain(1, 300) == pytest.approx(1.12) and f.factor(1, "chain1", 300) == 1.0  # band 0 is nearer
+    assert f.plain(1, 1100) == 1.0  # band 5 (0.90) is nearest: the price stands
+    assert f.plain(1, 1300) == pytest.approx(0.90) and f.plain(1, 100) == pytest.approx(1.12)  # their own bands
+    assert f.plain(1, None) == 1.0 and f.plain(2, 300) == 1.0  # no band, other batch size: nothing timed
+    for _ in range(40):
+        f.observe(1, "chain1", 0.0125, 0.010, context=900)  # nearest plain: band 5 (0.90) -> the price
+    assert f.factor(1, "chain1", 900) == pytest.approx(1.25)
 
 
 def _priced_wrong(cost_feedback: bool, engine_ratio: float, steps: int = 40) -> list[str]:
@@ -2074,12 +2163,12 @@ def _priced_wrong(cost_feedback: bool, engine_ratio: float, steps: int = 40) -> 
 
 def test_a_tree_the_calibration_priced_too_cheap_is_dropped_once_its_steps_are_timed():
     """Priced at 1.3 plain steps, run at 1.6 (predicted 1.15x, actually 0.94x): with the feedback the dispatcher
-    stops drafting after the ``min_weight`` drafting steps its correction needs, and stays paused; its prediction
-    for the chain is then the measured one. Without it, it drafts on. Run where the price was right, it drafts
+    stops drafting after the ``min_weight`` drafting steps its correction needs (decayed by 0.99 and aged by
+    0.998 a step), and stays paused; its prediction for the chain is then the measured one. Without it, it drafts on. Run where the price was right, it drafts
     on either way, and the chain's corrected price does not compound (the ratio is taken against the
     calibrated price, not the corrected one)."""
     fed = _priced_wrong(True, 1.6)
-    assert fed[:9] == ["chain1"] * 9 and set(fed[9:]) == {"none"}  # 9 decayed steps weigh 8.6 >= min_weight 8
+    assert fed[:29] == ["chain1"] * 29 and set(fed[29:]) == {"none"}  # 29 steps weigh 24.6 >= min_weight 24
     assert set(_priced_wrong(False, 1.6)) == {"chain1"}
     assert set(_priced_wrong(True, 1.3, steps=200)) == {"chain1"}
 

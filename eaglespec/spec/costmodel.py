@@ -445,7 +445,7 @@ class StepCostFeedback:
     ``band`` tokens). A drafting shape's ``factor`` at a context is its mean ratio over the plain (``none``)
     steps' mean ratio in the same band at the same batch size (the part of its price the calibration got wrong
     relative to plain decoding, whatever made the whole machine faster or slower than at calibration time;
-    plain steps count at their price until ``min_weight`` of them were timed in the band), applied only from
+    plain steps as ``plain`` says), applied only from
     ``tolerance`` up: the check only ever makes a tree dearer, and only by more than its own comparison can
     resolve. Drafting and plain steps are timed in different stretches of a run (other requests, minutes), not
     paired as the calibration pairs them, and the calibration's price per context token errs too: on Spec-Bench
@@ -456,30 +456,62 @@ class StepCostFeedback:
     timed steps leave out is a cost of drafting too (the steps that caught the draft cache up must not be
     observed, as the caller does: a request's first drafting step encodes its whole prompt through the head,
     the first after a pause every pair recorded meanwhile). A shape needs ``min_weight`` steps' worth of
-    evidence in the band before it is corrected.
+    evidence in the band before it is corrected: the reading below that misled the dispatcher rested on 10.
 
-    Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 8,
-    ``tolerance`` 1.05 (1.10 before session 35: see ``docs/DISPATCH.md``), ``band`` 256 tokens."""
+    Evidence ages: every step timed at a batch size scales the weight of every reading at that batch size by
+    ``age``. A shape the correction paused is not timed again,
+    and its reading would otherwise hold for the rest of the run, compared with plain steps timed ever later:
+    on MT-bench at batch 1 (2-core EPYC, session 35, ``m5/`` in `docs/results/epyc-2026-11-29-s35/`) the first
+    request read the chain of 1 at 1.31 of its price over 10 steps while plain steps ran at 1.18, a machine
+    slower than at calibration throughout; as plain steps came back to 1.05 over the next minutes, the chain's
+    frozen reading set f = 1.11-1.22 and kept it paused in 76% of the rounds, at 1.03x vanilla against the chain
+    of 1's own 1.14x. A reading corrects from the step its weight reaches ``min_weight`` until aging takes it
+    below ``release`` times that (the gap keeps a tree that is dearer than priced from being drafted again at
+    the next timed step); then the tree is chosen on its price again, and timed anew where it is chosen. Where plain steps were never timed in a band, they count at the
+    larger of their price and their ratio in the nearest band where they were: a machine running every step
+    slower than priced then does not make the trees of an unmeasured band dearer (the same run read the chain
+    of 1 at 1.08 of its price over 256-511 tokens, where no plain step was timed, against plain's 1.12 below),
+    and plain steps that ran cheap at other contexts (the long prompts' 0.82-0.85) still do not lower the
+    reference.
+
+    Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 24 (8
+    before session 36), ``tolerance`` 1.05 (1.10 before session 35: see ``docs/DISPATCH.md``), ``band`` 256
+    tokens, ``age`` 0.998 and ``release`` 0.5 (a correction that has just reached ``min_weight`` and is not renewed
+    holds for ~350 timed steps at its batch size, ~1400 paused ones, a dozen 128-token requests at batch 1)."""
 
     decay: float = 0.99
     clip: float = 2.0
-    min_weight: float = 8.0
+    min_weight: float = 24.0
     tolerance: float = 1.05
     band: int = 256
-    ratios: dict[tuple[int, str, int], tuple[float, float]] = field(default_factory=dict)
-    """(batch, label, band index) -> (decayed sum of ratios, decayed weight); band -1: context unknown."""
+    age: float = 0.998
+    release: float = 0.5
+    ratios: dict[tuple[int, str, int], tuple[float, float, int, bool]] = field(default_factory=dict)
+    """(batch, label, band index) -> (decayed sum of ratios, decayed weight, the batch size's ``clock`` when they
+    were last updated: both are worth ``age`` ** (steps timed since) of that, whether the weight had reached
+    ``min_weight`` since it was last below ``release`` times it); band -1: context unknown."""
+    clock: dict[int, int] = field(default_factory=dict)
+    """batch size -> steps timed at it so far."""
     drafted: int = 0
     """Drafting steps observed so far: new evidence for the choice (plain steps alone move it only slowly)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0 or not self.tolerance >= 1.0 \
-                or self.band < 1:
-            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1, min_weight >= 0, tolerance >= 1 and "
-                             f"band >= 1, got decay {self.decay}, clip {self.clip}, min_weight {self.min_weight}, "
-                             f"tolerance {self.tolerance}, band {self.band}")
+                or self.band < 1 or not 0.0 < self.age <= 1.0 or not 0.0 <= self.release <= 1.0:
+            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1, min_weight >= 0, tolerance >= 1, "
+                             f"band >= 1, 0 < age <= 1 and 0 <= release <= 1, got decay {self.decay}, clip "
+                             f"{self.clip}, min_weight {self.min_weight}, tolerance {self.tolerance}, band "
+                             f"{self.band}, age {self.age}, release {self.release}")
 
     def _band(self, context: float | None) -> int:
         return -1 if context is None else int(max(context, 0.0) // self.band)
+
+    def _aged(self, key: tuple[int, str, int]) -> tuple[float, float, bool]:
+        """The key's (sum, weight) as of its batch size's clock now, and whether its reading corrects."""
+        s, w, t, held = self.ratios.get(key, (0.0, 0.0, 0, False))
+        a = self.age ** (self.clock.get(key[0], 0) - t)
+        s, w = s * a, w * a
+        return s, w, w > 0 and (w >= self.min_weight or held and w >= self.release * self.min_weight)
 
     def observe(self, batch: int, label: str, measured_s: float, priced_s: float,
                 context: float | None = None) -> None:
@@ -489,25 +521,45 @@ class StepCostFeedback:
             raise ValueError(f"step times must be finite and > 0, got {measured_s} measured, {priced_s} priced")
         r = min(max(measured_s / priced_s, 1.0 / self.clip), self.clip)
         key = (batch, label, self._band(context))
-        s, w = self.ratios.get(key, (0.0, 0.0))
-        self.ratios[key] = (s * self.decay + r, w * self.decay + 1.0)
+        self.clock[batch] = now = self.clock.get(batch, 0) + 1
+        s, w, held = self._aged(key)
+        w = w * self.decay + 1.0
+        self.ratios[key] = (s * self.decay + r, w, now, held or w >= self.min_weight)
         if label != PLAIN:
             self.drafted += 1
 
     def ratio(self, batch: int, label: str, context: float | None = None) -> float | None:
-        """The decayed mean of measured / priced seconds in the context's band once ``min_weight`` steps were
-        timed there, else None."""
-        s, w = self.ratios.get((batch, label, self._band(context)), (0.0, 0.0))
-        return s / w if w >= self.min_weight and w > 0 else None
+        """The decayed mean of measured / priced seconds in the context's band while it corrects (its aged weight
+        reached ``min_weight`` and has not fallen below ``release`` times that since), else None."""
+        return self._ratio((batch, label, self._band(context)))
+
+    def _ratio(self, key: tuple[int, str, int]) -> float | None:
+        s, w, held = self._aged(key)
+        return s / w if held else None
+
+    def plain(self, batch: int, context: float | None = None) -> float:
+        """What a plain step costs against its price in the context's band: its ``ratio`` there; where that is
+        unknown, the larger of 1 (its price) and its ratio in the nearest band where it is known."""
+        k = self._band(context)
+        r = self._ratio((batch, PLAIN, k))
+        if r is not None:
+            return r
+        near = [(abs(k2 - k), k2) for b, label, k2 in self.ratios
+                if b == batch and label == PLAIN and k2 >= 0 and k >= 0]
+        for _, k2 in sorted(near):
+            r = self._ratio((batch, PLAIN, k2))
+            if r is not None:
+                return max(1.0, r)
+        return 1.0
 
     def factor(self, batch: int, label: str, context: float | None = None) -> float:
-        """How much more a ``label`` step costs than priced at this context, relative to a plain step, where that
-        is at least ``tolerance``; else 1 (also for ``none`` and until ``min_weight`` steps of the shape were
-        timed in the band)."""
+        """How much more a ``label`` step costs than priced at this context, relative to a plain step
+        (``plain``), where that is at least ``tolerance``; else 1 (also for ``none`` and where the shape's
+        ``ratio`` in the band is None)."""
         r = None if label == PLAIN else self.ratio(batch, label, context)
         if r is None:
             return 1.0
-        f = r / (self.ratio(batch, PLAIN, context) or 1.0)
+        f = r / self.plain(batch, context)
         return f if f >= self.tolerance else 1.0
 
     def factors(self, batch: int, context: float | None = None) -> dict[str, float]:
@@ -521,7 +573,8 @@ class StepCostFeedback:
         ``weight`` in steps and the ``factor`` it sets in that band (bench records, the server's metrics). Fields,
         not a joined key: tree labels contain colons ("dynamic5x4:16")."""
         out = []
-        for (b, label, k), (s, w) in sorted(self.ratios.items()):
+        for (b, label, k) in sorted(self.ratios):
+            s, w, _ = self._aged((b, label, k))
             if w > 0:
                 ctx = None if k < 0 else k * self.band
                 out.append({"batch": b, "tree": label, "context": None if k < 0 else [ctx, ctx + self.band],
