@@ -1982,13 +1982,13 @@ def test_trees_are_timed_at_batch_4_and_priced_between_by_their_ratio_to_a_plain
 # ------------------------------------------------------------------------------------- step-cost feedback
 def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     """A shape is corrected by its measured / priced ratio over the plain steps' ratio (plain counted at its price
-    until ``min_weight`` plain steps were timed) once it has ``min_weight`` steps, and only where that makes it
+    until ``plain_weight`` plain steps were timed) once it has ``min_weight`` steps, and only where that makes it
     ``tolerance`` or more dearer; ratios are compared within a band of context only; a machine that got slower or
     faster for every step corrects nothing; one stalled step moves the price by at most its clipped share; bad
     readings and parameters are refused."""
     from eaglespec.spec.costmodel import StepCostFeedback
 
-    f = StepCostFeedback(decay=1.0, min_weight=4, age=1.0)
+    f = StepCostFeedback(decay=1.0, min_weight=4, plain_weight=4, age=1.0)
     for _ in range(3):
         f.observe(4, "chain1", 0.013, 0.010)
     assert f.factor(4, "chain1") == 1.0  # 3 steps: not enough evidence
@@ -2005,7 +2005,7 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert f.snapshot() == [{"batch": 4, "tree": "chain1", "context": None, "ratio": 1.3, "weight": 4.0, "factor": 1.0},
                             {"batch": 4, "tree": "none", "context": None, "ratio": 1.25, "weight": 8.0, "factor": 1.0}]
 
-    small = StepCostFeedback(decay=1.0, min_weight=4, age=1.0)  # 8% dearer relative to plain: past the 5% tolerance
+    small = StepCostFeedback(decay=1.0, min_weight=4, plain_weight=4, age=1.0)  # 8% dearer relative to plain: past the 5% tolerance
     for _ in range(4):
         small.observe(1, "chain1", 0.0108, 0.010)
         small.observe(1, "none", 0.0100, 0.010)
@@ -2051,6 +2051,8 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
         StepCostFeedback(tolerance=0.9)
     with pytest.raises(ValueError, match="band >= 1"):
         StepCostFeedback(band=0)
+    with pytest.raises(ValueError, match="plain_weight >= 0"):
+        StepCostFeedback(plain_weight=-1)
     with pytest.raises(ValueError, match="0 < age <= 1"):
         StepCostFeedback(age=0.0)
     with pytest.raises(ValueError, match="0 <= release <= 1"):
@@ -2112,6 +2114,13 @@ def test_step_cost_feedback_needs_min_weight_then_holds_a_correction_until_it_ag
         renewed.observe(1, "none", 0.010, 0.010)
     renewed.observe(1, "chain1", 0.013, 0.010)  # timed again while held at weight ~17: renewed, not restarted
     assert renewed.snapshot()[0]["weight"] < 24 and renewed.factor(1, "chain1") == pytest.approx(1.3)
+
+    plain = StepCostFeedback()  # plain readings do not age: a batch that drafts times few plain steps
+    for _ in range(9):  # weight 8.6
+        plain.observe(1, "none", 0.0115, 0.010)
+    for _ in range(2000):
+        plain.observe(1, "chain1", 0.0115, 0.010)
+    assert plain.plain(1) == pytest.approx(1.15) and plain.factor(1, "chain1") == 1.0
 
     no_age = StepCostFeedback(age=1.0)  # age 1: a reading holds for good
     for _ in range(30):

@@ -456,10 +456,11 @@ class StepCostFeedback:
     timed steps leave out is a cost of drafting too (the steps that caught the draft cache up must not be
     observed, as the caller does: a request's first drafting step encodes its whole prompt through the head,
     the first after a pause every pair recorded meanwhile). A shape needs ``min_weight`` steps' worth of
-    evidence in the band before it is corrected: the reading below that misled the dispatcher rested on 10.
+    evidence in the band before it is corrected (the reading below that misled the dispatcher rested on 10),
+    plain steps ``plain_weight`` before they are the reference.
 
-    Evidence ages: every step timed at a batch size scales the weight of every reading at that batch size by
-    ``age``. A shape the correction paused is not timed again,
+    A shape's evidence ages: every step timed at a batch size scales the weight of every shape's reading at that
+    batch size by ``age``. A shape the correction paused is not timed again,
     and its reading would otherwise hold for the rest of the run, compared with plain steps timed ever later:
     on MT-bench at batch 1 (2-core EPYC, session 35, ``m5/`` in `docs/results/epyc-2026-11-29-s35/`) the first
     request read the chain of 1 at 1.31 of its price over 10 steps while plain steps ran at 1.18, a machine
@@ -474,21 +475,27 @@ class StepCostFeedback:
     and plain steps that ran cheap at other contexts (the long prompts' 0.82-0.85) still do not lower the
     reference.
 
+    Plain steps' readings do not age: most timed steps of a batch that drafts are drafting ones (and one paused
+    step in four is timed), so aged, the plain reference would mostly be missing, and the price would stand in
+    for it on a machine running every step 15% slower than priced (the first run of this rule read plain steps
+    at 1.14-1.16 of their price at batch 1, and chains of 1 at 1.12-1.16 were corrected against 1.0).
+
     Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 24 (8
-    before session 36), ``tolerance`` 1.05 (1.10 before session 35: see ``docs/DISPATCH.md``), ``band`` 256
+    before session 36), ``plain_weight`` 8, ``tolerance`` 1.05 (1.10 before session 35: see ``docs/DISPATCH.md``), ``band`` 256
     tokens, ``age`` 0.998 and ``release`` 0.5 (a correction that has just reached ``min_weight`` and is not renewed
     holds for ~350 timed steps at its batch size, ~1400 paused ones, a dozen 128-token requests at batch 1)."""
 
     decay: float = 0.99
     clip: float = 2.0
     min_weight: float = 24.0
+    plain_weight: float = 8.0
     tolerance: float = 1.05
     band: int = 256
     age: float = 0.998
     release: float = 0.5
     ratios: dict[tuple[int, str, int], tuple[float, float, int, bool]] = field(default_factory=dict)
     """(batch, label, band index) -> (decayed sum of ratios, decayed weight, the batch size's ``clock`` when they
-    were last updated: both are worth ``age`` ** (steps timed since) of that, whether the weight had reached
+    were last updated: a shape's are worth ``age`` ** (steps timed since) of that, whether the weight had reached
     ``min_weight`` since it was last below ``release`` times it); band -1: context unknown."""
     clock: dict[int, int] = field(default_factory=dict)
     """batch size -> steps timed at it so far."""
@@ -496,12 +503,13 @@ class StepCostFeedback:
     """Drafting steps observed so far: new evidence for the choice (plain steps alone move it only slowly)."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0 or not self.tolerance >= 1.0 \
-                or self.band < 1 or not 0.0 < self.age <= 1.0 or not 0.0 <= self.release <= 1.0:
-            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1, min_weight >= 0, tolerance >= 1, "
-                             f"band >= 1, 0 < age <= 1 and 0 <= release <= 1, got decay {self.decay}, clip "
-                             f"{self.clip}, min_weight {self.min_weight}, tolerance {self.tolerance}, band "
-                             f"{self.band}, age {self.age}, release {self.release}")
+        if not 0.0 < self.decay <= 1.0 or not self.clip >= 1.0 or self.min_weight < 0 or self.plain_weight < 0 \
+                or not self.tolerance >= 1.0 or self.band < 1 or not 0.0 < self.age <= 1.0 \
+                or not 0.0 <= self.release <= 1.0:
+            raise ValueError(f"StepCostFeedback needs 0 < decay <= 1, clip >= 1, min_weight >= 0, plain_weight >= 0, "
+                             f"tolerance >= 1, band >= 1, 0 < age <= 1 and 0 <= release <= 1, got decay {self.decay}, "
+                             f"clip {self.clip}, min_weight {self.min_weight}, plain_weight {self.plain_weight}, "
+                             f"tolerance {self.tolerance}, band {self.band}, age {self.age}, release {self.release}")
 
     def _band(self, context: float | None) -> int:
         return -1 if context is None else int(max(context, 0.0) // self.band)
@@ -509,6 +517,8 @@ class StepCostFeedback:
     def _aged(self, key: tuple[int, str, int]) -> tuple[float, float, bool]:
         """The key's (sum, weight) as of its batch size's clock now, and whether its reading corrects."""
         s, w, t, held = self.ratios.get(key, (0.0, 0.0, 0, False))
+        if key[1] == PLAIN:
+            return s, w, w > 0 and w >= self.plain_weight
         a = self.age ** (self.clock.get(key[0], 0) - t)
         s, w = s * a, w * a
         return s, w, w > 0 and (w >= self.min_weight or held and w >= self.release * self.min_weight)
@@ -529,8 +539,9 @@ class StepCostFeedback:
             self.drafted += 1
 
     def ratio(self, batch: int, label: str, context: float | None = None) -> float | None:
-        """The decayed mean of measured / priced seconds in the context's band while it corrects (its aged weight
-        reached ``min_weight`` and has not fallen below ``release`` times that since), else None."""
+        """The decayed mean of measured / priced seconds in the context's band while it corrects (a shape's aged
+        weight reached ``min_weight`` and has not fallen below ``release`` times that since; plain steps' weight
+        is at least ``plain_weight``), else None."""
         return self._ratio((batch, label, self._band(context)))
 
     def _ratio(self, key: tuple[int, str, int]) -> float | None:
