@@ -2005,13 +2005,15 @@ def test_step_cost_feedback_reprices_a_shape_relative_to_plain_steps():
     assert f.snapshot() == [{"batch": 4, "tree": "chain1", "context": None, "ratio": 1.3, "weight": 4.0, "factor": 1.0},
                             {"batch": 4, "tree": "none", "context": None, "ratio": 1.25, "weight": 8.0, "factor": 1.0}]
 
-    small = StepCostFeedback(decay=1.0, min_weight=4, plain_weight=4, age=1.0)  # 8% dearer relative to plain: past the 5% tolerance
+    small = StepCostFeedback(decay=1.0, min_weight=4, plain_weight=4, age=1.0)  # 8% dearer relative to plain:
+    # past the 5% tolerance
     for _ in range(4):
         small.observe(1, "chain1", 0.0108, 0.010)
         small.observe(1, "none", 0.0100, 0.010)
     assert small.factor(1, "chain1") == pytest.approx(1.08)
 
-    bands = StepCostFeedback(decay=1.0, age=1.0, min_weight=8)  # plain steps timed over long contexts only, where they ran cheap
+    bands = StepCostFeedback(decay=1.0, age=1.0, min_weight=8)  # plain steps timed over long contexts only,
+    # where they ran cheap
     for _ in range(20):
         bands.observe(1, "none", 0.0082, 0.010, context=1500)
         bands.observe(1, "chain1", 0.0095, 0.010, context=200)
@@ -2173,9 +2175,9 @@ def _priced_wrong(cost_feedback: bool, engine_ratio: float, steps: int = 40) -> 
 def test_a_tree_the_calibration_priced_too_cheap_is_dropped_once_its_steps_are_timed():
     """Priced at 1.3 plain steps, run at 1.6 (predicted 1.15x, actually 0.94x): with the feedback the dispatcher
     stops drafting after the ``min_weight`` drafting steps its correction needs (decayed by 0.99 and aged by
-    0.998 a step), and stays paused; its prediction for the chain is then the measured one. Without it, it drafts on. Run where the price was right, it drafts
-    on either way, and the chain's corrected price does not compound (the ratio is taken against the
-    calibrated price, not the corrected one)."""
+    0.998 a step), and stays paused; its prediction for the chain is then the measured one. Without it, it drafts
+    on. Run where the price was right, it drafts on either way, and the chain's corrected price does not compound
+    (the ratio is taken against the calibrated price, not the corrected one)."""
     fed = _priced_wrong(True, 1.6)
     assert fed[:29] == ["chain1"] * 29 and set(fed[29:]) == {"none"}  # 29 steps weigh 24.6 >= min_weight 24
     assert set(_priced_wrong(False, 1.6)) == {"chain1"}

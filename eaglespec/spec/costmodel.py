@@ -445,9 +445,8 @@ class StepCostFeedback:
     ``band`` tokens). A drafting shape's ``factor`` at a context is its mean ratio over the plain (``none``)
     steps' mean ratio in the same band at the same batch size (the part of its price the calibration got wrong
     relative to plain decoding, whatever made the whole machine faster or slower than at calibration time;
-    plain steps as ``plain`` says), applied only from
-    ``tolerance`` up: the check only ever makes a tree dearer, and only by more than its own comparison can
-    resolve. Drafting and plain steps are timed in different stretches of a run (other requests, minutes), not
+    plain steps as ``plain`` says), applied only from ``tolerance`` up: the check only ever makes a tree dearer,
+    and only by more than its own comparison can resolve. Drafting and plain steps are timed in different stretches of a run (other requests, minutes), not
     paired as the calibration pairs them, and the calibration's price per context token errs too: on Spec-Bench
     at batch 1 plain steps ran at ~0.98 of their price over short contexts and ~0.82-0.85 over the long
     summarization prompts, where the chains were rarely drafted; one mean over all contexts then raised the
@@ -460,20 +459,20 @@ class StepCostFeedback:
     plain steps ``plain_weight`` before they are the reference.
 
     A shape's evidence ages: every step timed at a batch size scales the weight of every shape's reading at that
-    batch size by ``age``. A shape the correction paused is not timed again,
-    and its reading would otherwise hold for the rest of the run, compared with plain steps timed ever later:
-    on MT-bench at batch 1 (2-core EPYC, session 35, ``m5/`` in `docs/results/epyc-2026-11-29-s35/`) the first
+    batch size by ``age``. A shape the correction paused is not timed again, and its reading would otherwise
+    hold for the rest of the run, compared with plain steps timed ever later: on MT-bench at batch 1 (2-core EPYC, session 35, ``m5/`` in `docs/results/epyc-2026-11-29-s35/`) the first
     request read the chain of 1 at 1.31 of its price over 10 steps while plain steps ran at 1.18, a machine
     slower than at calibration throughout; as plain steps came back to 1.05 over the next minutes, the chain's
     frozen reading set f = 1.11-1.22 and kept it paused in 76% of the rounds, at 1.03x vanilla against the chain
     of 1's own 1.14x. A reading corrects from the step its weight reaches ``min_weight`` until aging takes it
     below ``release`` times that (the gap keeps a tree that is dearer than priced from being drafted again at
-    the next timed step); then the tree is chosen on its price again, and timed anew where it is chosen. Where plain steps were never timed in a band, they count at the
-    larger of their price and their ratio in the nearest band where they were: a machine running every step
-    slower than priced then does not make the trees of an unmeasured band dearer (the same run read the chain
-    of 1 at 1.08 of its price over 256-511 tokens, where no plain step was timed, against plain's 1.12 below),
-    and plain steps that ran cheap at other contexts (the long prompts' 0.82-0.85) still do not lower the
-    reference.
+    the next timed step); then the tree is chosen on its price again, and timed anew where it is chosen.
+
+    Where plain steps were never timed in a band, they count at the larger of their price and their ratio in the
+    nearest band where they were: a machine running every step slower than priced then does not make the trees
+    of an unmeasured band dearer (the same run read the chain of 1 at 1.08 of its price over 256-511 tokens,
+    where no plain step was timed, against plain's 1.12 below), and plain steps that ran cheap at other
+    contexts (the long prompts' 0.82-0.85) still do not lower the reference.
 
     Plain steps' readings do not age: most timed steps of a batch that drafts are drafting ones (and one paused
     step in four is timed), so aged, the plain reference would mostly be missing, and the price would stand in
@@ -481,9 +480,10 @@ class StepCostFeedback:
     at 1.14-1.16 of their price at batch 1, and chains of 1 at 1.12-1.16 were corrected against 1.0).
 
     Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 24 (8
-    before session 36), ``plain_weight`` 8, ``tolerance`` 1.05 (1.10 before session 35: see ``docs/DISPATCH.md``), ``band`` 256
-    tokens, ``age`` 0.998 and ``release`` 0.5 (a correction that has just reached ``min_weight`` and is not renewed
-    holds for ~350 timed steps at its batch size, ~1400 paused ones, a dozen 128-token requests at batch 1)."""
+    before session 36), ``plain_weight`` 8, ``tolerance`` 1.05 (1.10 before session 35: see
+    ``docs/DISPATCH.md``), ``band`` 256 tokens, ``age`` 0.998 and ``release`` 0.5 (a correction that has just
+    reached ``min_weight`` and is not renewed holds for ~350 timed steps at its batch size, ~1400 paused ones, a
+    dozen 128-token requests at batch 1)."""
 
     decay: float = 0.99
     clip: float = 2.0
