@@ -440,32 +440,31 @@ class StepCostFeedback:
     """What the engine paid for its steps against what the calibration priced them at, per batch size, shape and
     band of context.
 
-    Each timed step adds the ratio measured / priced seconds (clipped to [1 / ``clip``, ``clip``]: one stalled
-    step must not reprice a shape) to an exponentially decayed mean for its (batch size, label, context band of
-    ``band`` tokens). A drafting shape's ``factor`` at a context is its mean ratio over the plain (``none``)
-    steps' mean ratio in the same band at the same batch size (the part of its price the calibration got wrong
-    relative to plain decoding, whatever made the whole machine faster or slower than at calibration time;
-    plain steps as ``plain`` says), applied only from ``tolerance`` up: the check only ever makes a tree dearer,
-    and only by more than its own comparison can resolve. Drafting and plain steps are timed in different stretches of a run (other requests, minutes), not
-    paired as the calibration pairs them, and the calibration's price per context token errs too: on Spec-Bench
-    at batch 1 plain steps ran at ~0.98 of their price over short contexts and ~0.82-0.85 over the long
-    summarization prompts, where the chains were rarely drafted; one mean over all contexts then raised the
-    price of chains that were priced right (by 1.10-1.16 at the end of that run), hence the bands and the
-    tolerance (`docs/DISPATCH.md`, "Prices, online"). A tree found cheaper than priced keeps its price: what its
-    timed steps leave out is a cost of drafting too (the steps that caught the draft cache up must not be
-    observed, as the caller does: a request's first drafting step encodes its whole prompt through the head,
-    the first after a pause every pair recorded meanwhile). A shape needs ``min_weight`` steps' worth of
-    evidence in the band before it is corrected (the reading below that misled the dispatcher rested on 10),
+    Each timed step adds the ratio measured / priced seconds (clipped to [1 / ``clip``, ``clip``]: one stalled step must
+    not reprice a shape) to an exponentially decayed mean for its (batch size, label, context band of ``band`` tokens).
+    A drafting shape's ``factor`` at a context is its mean ratio over the plain (``none``) steps' mean ratio in the same
+    band at the same batch size (the part of its price the calibration got wrong relative to plain decoding, whatever
+    made the whole machine faster or slower than at calibration time; plain steps as ``plain`` says), applied only from
+    ``tolerance`` up: the check only ever makes a tree dearer, and only by more than its own comparison can resolve.
+    Drafting and plain steps are timed in different stretches of a run (other requests, minutes), not paired as the
+    calibration pairs them, and the calibration's price per context token errs too: on Spec-Bench at batch 1 plain steps
+    ran at ~0.98 of their price over short contexts and ~0.82-0.85 over the long summarization prompts, where the chains
+    were rarely drafted; one mean over all contexts then raised the price of chains that were priced right (by 1.10-1.16
+    at the end of that run), hence the bands and the tolerance (`docs/DISPATCH.md`, "Prices, online"). A tree found
+    cheaper than priced keeps its price: what its timed steps leave out is a cost of drafting too (the steps that caught
+    the draft cache up must not be observed, as the caller does: a request's first drafting step encodes its whole
+    prompt through the head, the first after a pause every pair recorded meanwhile). A shape needs ``min_weight`` steps'
+    worth of evidence in the band before it is corrected (the reading below that misled the dispatcher rested on 10),
     plain steps ``plain_weight`` before they are the reference.
 
-    A shape's evidence ages: every step timed at a batch size scales the weight of every shape's reading at that
-    batch size by ``age``. A shape the correction paused is not timed again, and its reading would otherwise
-    hold for the rest of the run, compared with plain steps timed ever later: on MT-bench at batch 1 (2-core EPYC, session 35, ``m5/`` in `docs/results/epyc-2026-11-29-s35/`) the first
-    request read the chain of 1 at 1.31 of its price over 10 steps while plain steps ran at 1.18, a machine
-    slower than at calibration throughout; as plain steps came back to 1.05 over the next minutes, the chain's
-    frozen reading set f = 1.11-1.22 and kept it paused in 76% of the rounds, at 1.03x vanilla against the chain
-    of 1's own 1.14x. A reading corrects from the step its weight reaches ``min_weight`` until aging takes it
-    below ``release`` times that (the gap keeps a tree that is dearer than priced from being drafted again at
+    A shape's evidence ages: every step timed at a batch size scales the weight of every shape's reading at that batch
+    size by ``age``. A shape the correction paused is not timed again, and its reading would otherwise hold for the rest
+    of the run, compared with plain steps timed ever later: on MT-bench at batch 1 (2-core EPYC, session 35, ``m5/`` in
+    `docs/results/epyc-2026-11-29-s35/`) the first request read the chain of 1 at 1.31 of its price over 10 steps while
+    plain steps ran at 1.18, a machine slower than at calibration throughout; as plain steps came back to 1.05 over the
+    next minutes, the chain's frozen reading set f = 1.11-1.22 and kept it paused in 76% of the rounds, at 1.03x vanilla
+    against the chain of 1's own 1.14x. A reading corrects from the step its weight reaches ``min_weight`` until aging
+    takes it below ``release`` times that (the gap keeps a tree that is dearer than priced from being drafted again at
     the next timed step); then the tree is chosen on its price again, and timed anew where it is chosen.
 
     Where plain steps were never timed in a band, they count at the larger of their price and their ratio in the
