@@ -566,16 +566,22 @@ class StepCostFeedback:
         """How much more a ``label`` step costs than priced at this context, relative to a plain step
         (``plain``), where that is at least ``tolerance``; else 1 (also for ``none`` and where the shape's
         ``ratio`` in the band is None)."""
+        return self._factor(batch, label, context, None)
+
+    def _factor(self, batch: int, label: str, context: float | None, plain: float | None) -> float:
+        """``factor``, with the plain reference ``plain`` already looked up (None: looked up here, if needed)."""
         r = None if label == PLAIN else self.ratio(batch, label, context)
         if r is None:
             return 1.0
-        f = r / self.plain(batch, context)
+        f = r / (plain if plain is not None else self.plain(batch, context))
         return f if f >= self.tolerance else 1.0
 
     def factors(self, batch: int, context: float | None = None) -> dict[str, float]:
-        """label -> its ``factor`` at this context, for every shape timed at this batch size (in any band)."""
+        """label -> its ``factor`` at this context, for every shape timed at this batch size (in any band); the
+        plain reference is looked up once for all of them."""
         labels = {label for b, label, _ in self.ratios if b == batch and label != PLAIN}
-        return {label: self.factor(batch, label, context) for label in labels}
+        plain = self.plain(batch, context) if labels else None
+        return {label: self._factor(batch, label, context, plain) for label in labels}
 
     def snapshot(self) -> list[dict]:
         """One entry per (batch size, tree, band) timed: ``batch``, ``tree`` (the label; ``none`` = plain steps),

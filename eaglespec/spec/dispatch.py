@@ -542,7 +542,7 @@ class AdaptiveDispatcher:
         ``batched_margin`` with other rows (see ``BATCHED_MARGIN``), at least ``sampled_margin`` where a row
         samples (``SAMPLED_MARGIN``)."""
         m = self.margin if batch_size <= 1 else self.batched_margin
-        return max(m, self.sampled_margin) if any(self._sampled.get(r, False) for r in rows) else m
+        return max(m, self.sampled_margin) if self._samples(rows) else m
 
     def _keep_margin(self, batch_size: int, rows: Sequence[int]) -> float | None:
         """What a drafting batch's best tree must keep predicting, in plain steps' speedups (``choose``): alone in
@@ -550,7 +550,7 @@ class AdaptiveDispatcher:
         with other rows."""
         if batch_size > 1:
             return None
-        return self.sampled_keep_margin if any(self._sampled.get(r, False) for r in rows) else self.keep_margin
+        return self.sampled_keep_margin if self._samples(rows) else self.keep_margin
 
     def _factors(self, batch_size: int) -> dict[str, float]:
         return self.feedback.factors(batch_size, self._context) if self.feedback is not None else {}
@@ -558,7 +558,11 @@ class AdaptiveDispatcher:
     def _costs(self, rows: Sequence[int]) -> CostTable:
         """The calibration that prices these rows' steps: the sampled one if any of them samples (its plain
         and tree steps both cost more than greedy ones), else the greedy one."""
-        return self._sampled_costs if any(self._sampled.get(r, False) for r in rows) else self.costs
+        return self._sampled_costs if self._samples(rows) else self.costs
+
+    def _samples(self, rows: Sequence[int]) -> bool:
+        """Whether any of these rows samples (T > 0): its batch is priced, and its margins set, as sampled."""
+        return any(self._sampled.get(r, False) for r in rows)
 
     def _probe_could_pay(self, batch_size: int, rows: Sequence[int], budget: Sequence[int] | None = None,
                          catch_up: Callable[[], float] | None = None, floor: Sequence[float] | None = None,
