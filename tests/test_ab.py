@@ -73,14 +73,15 @@ def test_first_turn_requests_take_each_categorys_first_questions_with_seeds_by_i
 
 def test_arms_are_built_by_name_and_nonsense_is_refused(monkeypatch):
     """``arm_engine``: vanilla without a proposer, chain<D> a fixed chain of D, auto the calibrated dispatcher with
-    ATTR=VALUE literals set on it; an unknown arm, settings on an arm other than auto, an attribute the dispatcher
+    ATTR=VALUE literals set on it (ATTR.ATTR on one of its attributes); an unknown arm, settings on an arm other than auto, an attribute the dispatcher
     lacks and a value that is not a literal are refused by name."""
     built = []
     monkeypatch.setattr(ab, "Engine", lambda target, prop, max_batch_size: SimpleNamespace(
         target=target, proposer=prop, batch=max_batch_size))
     monkeypatch.setattr(ab, "build_proposer", lambda target, opts: built.append(("fixed", opts)) or "fixed")
     monkeypatch.setattr(ab, "build_calibrated_proposer", lambda target, opts: built.append(("auto", opts)) or
-                        SimpleNamespace(dispatcher=SimpleNamespace(margin=1.02, spread_probes=True, probe_every=16)))
+                        SimpleNamespace(dispatcher=SimpleNamespace(margin=1.02, spread_probes=True, probe_every=16,
+                                                                   feedback=SimpleNamespace(peers=True), none=None)))
     v = arm_engine("T", "vanilla", 4)
     assert (v.target, v.proposer, v.batch) == ("T", None, 4) and not built
     c = arm_engine("T", "chain3", 1)
@@ -89,8 +90,11 @@ def test_arms_are_built_by_name_and_nonsense_is_refused(monkeypatch):
     d = a.proposer.dispatcher
     assert (d.margin, d.spread_probes, d.probe_every) == (1.05, False, 1000000) and built[-1][0] == "auto"
     assert arm_engine("T", "auto", 1).proposer.dispatcher.margin == 1.02
+    assert arm_engine("T", "auto:feedback.peers=False", 1).proposer.dispatcher.feedback.peers is False
     for bad, match in (("chain0", "unknown arm"), ("vanila", "unknown arm"), ("chain1:margin=1", "unknown arm"),
                        ("auto:nosuch=1", "'nosuch=1' is not ATTR=VALUE"), ("auto:margin", "is not ATTR=VALUE"),
+                       ("auto:feedback.nosuch=1", "is not ATTR=VALUE"), ("auto:nosuch.peers=1", "is not ATTR=VALUE"),
+                       ("auto:none.peers=1", "is not ATTR=VALUE"),
                        ("auto:margin=lambda: 1", "not a Python literal")):
         with pytest.raises(ValueError, match=match):
             arm_engine("T", bad, 1)

@@ -2153,6 +2153,48 @@ def test_step_cost_feedback_takes_plain_steps_of_the_nearest_band_where_its_own_
     assert f.factor(1, "chain1", 900) == pytest.approx(1.25)
 
 
+def test_step_cost_feedback_compares_a_tree_with_the_other_trees_read_in_its_band():
+    """Session 36's AlpacaEval run, replayed: the chain of 1 read 1.036 of its price, the chain of 2 1.204 and plain
+    steps 1.160; against plain steps alone the chain of 2 is within tolerance (1.04), against the chain of 1 it is
+    1.16 dearer than priced. A peer counts only where its own reading corrects (``min_weight``), in the same band at
+    the same batch size; the cheaper tree keeps its price; ``peers=False`` compares with plain steps only."""
+    from eaglespec.spec.costmodel import StepCostFeedback
+
+    def replay(**kw):
+        f = StepCostFeedback(age=1.0, **kw)
+        for _ in range(30):
+            f.observe(1, "none", 0.01160, 0.010, context=100)
+        for _ in range(120):
+            f.observe(1, "chain1", 0.01036, 0.010, context=100)
+            f.observe(1, "chain2", 0.01204, 0.010, context=100)
+        return f
+
+    f = replay()
+    assert f.factor(1, "chain2", 100) == pytest.approx(1.204 / 1.036)
+    assert f.factor(1, "chain1", 100) == 1.0  # cheaper than its peer and plain steps: its price stands
+    assert f.factors(1, 100) == {"chain1": 1.0, "chain2": pytest.approx(1.204 / 1.036)}
+    assert f.factor(1, "chain2", 300) == 1.0 and f.factor(4, "chain2", 100) == 1.0  # nothing read there
+    assert replay(peers=False).factor(1, "chain2", 100) == 1.0  # 1.204 / 1.160 = 1.04: within tolerance
+
+    light = StepCostFeedback(age=1.0)  # the peer's reading short of min_weight (24) does not count
+    for _ in range(30):
+        light.observe(1, "none", 0.0116, 0.010, context=100)
+        light.observe(1, "chain2", 0.01204, 0.010, context=100)
+    for _ in range(27):  # weight 23.8
+        light.observe(1, "chain1", 0.01036, 0.010, context=100)
+    assert light.factor(1, "chain2", 100) == 1.0
+    light.observe(1, "chain1", 0.01036, 0.010, context=100)  # 24.5
+    assert light.factor(1, "chain2", 100) == pytest.approx(1.204 / 1.036)
+
+    apart = StepCostFeedback(age=1.0)  # the cheap readings in another band, at another batch size
+    for _ in range(40):
+        apart.observe(1, "none", 0.0116, 0.010, context=100)
+        apart.observe(1, "chain2", 0.01204, 0.010, context=100)
+        apart.observe(1, "chain1", 0.01036, 0.010, context=300)
+        apart.observe(4, "chain1", 0.01036, 0.010, context=100)
+    assert apart.factor(1, "chain2", 100) == 1.0
+
+
 def _priced_wrong(cost_feedback: bool, engine_ratio: float, steps: int = 40) -> list[str]:
     """A dispatcher whose calibration prices a chain-of-1 step at 1.3 plain steps (predicted 1.5 / 1.3 = 1.15x at
     acceptance 0.5) on an engine where it costs ``engine_ratio`` plain steps; its picks, step by step."""

@@ -54,7 +54,8 @@ def arm_engine(target, spec: str, batch: int) -> Engine:
     ``vanilla`` (no drafting), ``chain<D>`` (a fixed chain of D tokens), ``auto`` (the acceptance-aware dispatcher
     over this machine's calibration, as ``--tree auto`` builds it) or ``auto:ATTR=VALUE,...`` (the same with
     dispatcher attributes set after construction, each VALUE a Python literal, e.g.
-    ``auto:margin=1.05,spread_probes=False``). Anything else is refused by name: an unknown arm, an attribute the
+    ``auto:margin=1.05,spread_probes=False``; ATTR.ATTR reaches into one of its attributes, e.g.
+    ``auto:feedback.peers=False``). Anything else is refused by name: an unknown arm, an attribute the
     dispatcher does not have, a value that is not a literal."""
     kind, _, settings = spec.partition(":")
     chain = re.fullmatch(r"chain([1-9][0-9]*)", kind)
@@ -68,14 +69,18 @@ def arm_engine(target, spec: str, batch: int) -> Engine:
     proposer = build_calibrated_proposer(target, DraftOptions())
     for item in filter(None, settings.split(",")):
         name, eq, text = item.partition("=")
-        if not eq or not hasattr(proposer.dispatcher, name):
+        *path, attr = name.split(".")
+        owner = proposer.dispatcher
+        for part in path:
+            owner = getattr(owner, part, None)
+        if not eq or owner is None or not hasattr(owner, attr):
             raise ValueError(f"arm {spec!r}: {item!r} is not ATTR=VALUE for an attribute of "
-                             f"{type(proposer.dispatcher).__name__}")
+                             f"{type(proposer.dispatcher).__name__} (or of one of its attributes: ATTR.ATTR)")
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError) as e:
             raise ValueError(f"arm {spec!r}: the value of {name} ({text!r}) is not a Python literal") from e
-        setattr(proposer.dispatcher, name, value)
+        setattr(owner, attr, value)
     return Engine(target, proposer, max_batch_size=batch)
 
 

@@ -35,8 +35,9 @@ Pure functions and small trackers; the dispatcher that uses them lives with the 
 from __future__ import annotations
 
 import collections
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from eaglespec.spec.strategies import NoDraft
@@ -478,11 +479,21 @@ class StepCostFeedback:
     for it on a machine running every step 15% slower than priced (the first run of this rule read plain steps
     at 1.14-1.16 of their price at batch 1, and chains of 1 at 1.12-1.16 were corrected against 1.0).
 
+    With ``peers`` (since session 37) a shape is also compared with every other shape whose reading corrects in
+    the same band at the same batch size: its factor is its ratio over the lowest of those and the plain reference.
+    The calibration reads a deeper chain's step at prices ~12% apart in calibrations minutes apart (the chain of 2
+    at 1.45-1.47 plain steps in some phases of the 2-core EPYC VM, 1.61-1.68 in others; the chain of 1 steadier),
+    and where it caught the low end the plain steps alone did not show it: on 40 AlpacaEval first turns at batch 1
+    (session 36, ``alpaca_eval_t0.txt`` in `docs/results/epyc-2026-11-29-s36/`) the chain of 1 read 1.036 of its
+    price over 71 steps' worth, the chain of 2 1.204 over 69 and plain steps 1.160 over 17: against plain the chain
+    of 2 was within tolerance (1.04) and drafted in 56% of the rounds, against the chain of 1 it is 1.16 dearer than
+    priced. Still only dearer: a shape read cheap lowers the others' reference, never its own price.
+
     Defaults: ``decay`` 0.99 (about the last 100 steps of a shape count), ``clip`` 2, ``min_weight`` 24 (8
     before session 36), ``plain_weight`` 8, ``tolerance`` 1.05 (1.10 before session 35: see
     ``docs/DISPATCH.md``), ``band`` 256 tokens, ``age`` 0.998 and ``release`` 0.5 (a correction that has just
     reached ``min_weight`` and is not renewed holds for ~350 timed steps at its batch size, ~1400 paused ones, a
-    dozen 128-token requests at batch 1)."""
+    dozen 128-token requests at batch 1), ``peers`` on."""
 
     decay: float = 0.99
     clip: float = 2.0
@@ -492,6 +503,7 @@ class StepCostFeedback:
     band: int = 256
     age: float = 0.998
     release: float = 0.5
+    peers: bool = True
     ratios: dict[tuple[int, str, int], tuple[float, float, int, bool]] = field(default_factory=dict)
     """(batch, label, band index) -> (decayed sum of ratios, decayed weight, the batch size's ``clock`` when they
     were last updated: a shape's are worth ``age`` ** (steps timed since) of that, whether the weight had reached
@@ -564,24 +576,42 @@ class StepCostFeedback:
 
     def factor(self, batch: int, label: str, context: float | None = None) -> float:
         """How much more a ``label`` step costs than priced at this context, relative to a plain step
-        (``plain``), where that is at least ``tolerance``; else 1 (also for ``none`` and where the shape's
-        ``ratio`` in the band is None)."""
-        return self._factor(batch, label, context, None)
+        (``plain``) or, with ``peers``, to whichever other shape's correcting ``ratio`` in the band is lower, where
+        that is at least ``tolerance``; else 1 (also for ``none`` and where the shape's ``ratio`` in the band is
+        None)."""
+        return self._factor(label, self._held(batch, context), lambda: self.plain(batch, context))
 
-    def _factor(self, batch: int, label: str, context: float | None, plain: float | None) -> float:
-        """``factor``, with the plain reference ``plain`` already looked up (None: looked up here, if needed)."""
-        r = None if label == PLAIN else self.ratio(batch, label, context)
+    def _held(self, batch: int, context: float | None) -> dict[str, float]:
+        """label -> its ``ratio`` in the context's band at this batch size, for the drafting shapes whose reading
+        there corrects."""
+        k = self._band(context)
+        out = {}
+        for key in self.ratios:
+            if key[0] == batch and key[2] == k and key[1] != PLAIN:
+                r = self._ratio(key)
+                if r is not None:
+                    out[key[1]] = r
+        return out
+
+    def _factor(self, label: str, held: Mapping[str, float], plain: Callable[[], float]) -> float:
+        """``factor`` from the band's correcting ratios ``held`` (``_held``) and the plain reference (``plain()``,
+        asked only where the shape has a ratio)."""
+        r = held.get(label)
         if r is None:
             return 1.0
-        f = r / (plain if plain is not None else self.plain(batch, context))
+        ref = plain()
+        if self.peers:  # its own ratio among them changes nothing: a shape at the lowest gets f = 1 either way
+            ref = min(ref, *held.values())
+        f = r / ref
         return f if f >= self.tolerance else 1.0
 
     def factors(self, batch: int, context: float | None = None) -> dict[str, float]:
         """label -> its ``factor`` at this context, for every shape timed at this batch size (in any band); the
-        plain reference is looked up once for all of them."""
+        band's readings and the plain reference are looked up once for all of them."""
         labels = {label for b, label, _ in self.ratios if b == batch and label != PLAIN}
-        plain = self.plain(batch, context) if labels else None
-        return {label: self._factor(batch, label, context, plain) for label in labels}
+        held = self._held(batch, context) if labels else {}
+        plain = functools.cache(lambda: self.plain(batch, context))
+        return {label: self._factor(label, held, plain) for label in labels}
 
     def snapshot(self) -> list[dict]:
         """One entry per (batch size, tree, band) timed: ``batch``, ``tree`` (the label; ``none`` = plain steps),
