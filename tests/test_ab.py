@@ -73,8 +73,9 @@ def test_first_turn_requests_take_each_categorys_first_questions_with_seeds_by_i
 
 def test_arms_are_built_by_name_and_nonsense_is_refused(monkeypatch):
     """``arm_engine``: vanilla without a proposer, chain<D> a fixed chain of D, auto the calibrated dispatcher with
-    ATTR=VALUE literals set on it (ATTR.ATTR on one of its attributes); an unknown arm, settings on an arm other than auto, an attribute the dispatcher
-    lacks and a value that is not a literal are refused by name."""
+    ATTR=VALUE literals set on it (ATTR.ATTR on one of its attributes); an unknown arm, settings on an arm other
+    than auto, an attribute the dispatcher (or the attribute named) lacks, an attribute that is None and a value
+    that is not a literal are refused by name."""
     built = []
     monkeypatch.setattr(ab, "Engine", lambda target, prop, max_batch_size: SimpleNamespace(
         target=target, proposer=prop, batch=max_batch_size))
