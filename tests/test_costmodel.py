@@ -187,6 +187,32 @@ def test_a_one_token_forward_is_never_priced_above_a_plain_step(monkeypatch):
     assert cal.cap_by_plain_steps(v, steps) == [] and v[(1, 1)] == 0.003
 
 
+def test_a_sampled_tree_step_is_priced_no_cheaper_against_plain_than_its_greedy_step():
+    """``for_sampled(nodes)``: a tree whose sampled reading prices its step at fewer sampled plain steps than its
+    greedy step costs greedy plain steps is raised to the greedy ratio (session 37's calibration: the sampled chain
+    of 1 at 1.27 plain steps, the greedy at 1.35); a sampled reading above it stays; without ``nodes``, or for a
+    tree not named in it, the readings stand as measured."""
+    from eaglespec.spec.costmodel import CostTable
+
+    verify = {(1, 1): 0.0040, (1, 2): 0.0042, (1, 4): 0.0046}
+    table = CostTable(verify, {(1, "chain1"): 0.0012, (1, "chain3"): 0.0020}, overhead={1: 0.0},
+                      sampled_overhead={1: 0.0004}, sampled_draft={(1, "chain1"): 0.0008, (1, "chain3"): 0.0030})
+    greedy = {label: (table.draft_cost(1, label) + table.verify_cost(1, n)) / table.verify_cost(1, 1)
+              for label, n in (("chain1", 2), ("chain3", 4))}
+    assert greedy["chain1"] == pytest.approx(1.35)
+
+    def ratio(t, label, n):
+        return (t.draft_cost(1, label) + t.verify_cost(1, n)) / t.verify_cost(1, 1)
+
+    raw = table.for_sampled()
+    assert ratio(raw, "chain1", 2) == pytest.approx((0.0008 + 0.0046) / 0.0044)  # 1.23: as measured
+    floored = table.for_sampled({"chain1": 2, "chain3": 4})
+    assert ratio(floored, "chain1", 2) == pytest.approx(greedy["chain1"])
+    assert floored.draft_cost(1, "chain3") == 0.0030  # 1.82 sampled against 1.65 greedy: kept
+    assert floored.verify_cost(1, 1) == pytest.approx(0.0044)  # the sampled plain step is not touched
+    assert table.for_sampled({"chain3": 4}).draft_cost(1, "chain1") == 0.0008  # not named: as measured
+
+
 def test_never_accepted_head_picks_none():
     tracker = AcceptanceTracker(prior=(0.0,) * 6)
     for _ in range(20):

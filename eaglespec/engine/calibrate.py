@@ -726,7 +726,9 @@ def cost_table_text(costs: CostTable, candidates: Sequence) -> str:
               "nodes (+ overhead), of the whole step; break-even = tokens per step (accepted + bonus) it needs to beat "
               "plain decoding"] + _tree_rows(costs, batches, candidates)
     if costs.sampled_overhead or costs.sampled_draft:
+        sampled = costs.for_sampled({c.label: c.num_nodes for c in candidates})  # as the dispatcher prices them
         lines += ["", "sampled requests (T > 0; children drawn at the request's temperature): engine overhead per step "
                   "(ms) " + ", ".join(f"batch {b} {1e3 * s:.2f}" for b, s in sorted(costs.sampled_overhead.items())),
-                  "per tree, as above"] + _tree_rows(costs.for_sampled(), batches, candidates)
+                  "per tree, as above (no cheaper against a sampled plain step than greedy against a greedy one)"] \
+            + _tree_rows(sampled, batches, candidates)
     return "\n".join(lines)

@@ -162,13 +162,32 @@ class CostTable:
         """Verify measurements more than ``factor`` times a larger forward's: stalls to measure again."""
         return sorted(k for k, s in self.verify.items() if s > factor * self.envelope[k])
 
-    def for_sampled(self) -> CostTable:
+    def for_sampled(self, nodes: Mapping[str, int] | None = None) -> CostTable:
         """The table that prices a batch holding sampled requests: the sampled overhead and drafting where they
-        were measured, the greedy ones elsewhere (the forwards are the same)."""
+        were measured, the greedy ones elsewhere (the forwards are the same).
+
+        ``nodes`` (label -> nodes the tree verifies): each sampled drafting cost is raised where it would price
+        the tree's sampled step at fewer sampled plain steps than its greedy step costs greedy plain steps (at
+        the calibration's prefix). A sampled step does all a greedy one does, and draws the children from the
+        head's distribution and verifies every node by the sampled rule, where a plain step draws one token: on
+        the 2-core EPYC (session 37, `docs/results/epyc-2026-11-29-s37/`) the paired readings put the chain of 1
+        at 1.30-1.36 plain steps sampled against 1.27-1.31 greedy on four prompts, the chain of 2 at 1.52-1.55
+        against 1.41-1.47, and the bench's fixed chain of 1 ran 1.34-1.45 vanilla steps at T=1 against 1.26-1.38
+        at T=0 in all twelve cells of four runs; but one calibration read the sampled chain of 1 at 1.27 against
+        its greedy 1.35, and `--tree auto` then predicted 1.09x for HumanEval at batch 1, T=1 and ran 0.96x."""
         if not self.sampled_overhead and not self.sampled_draft:
             return self
-        return replace(self, overhead={**self.overhead, **self.sampled_overhead},
-                       draft={**self.draft, **self.sampled_draft}, sampled_overhead={}, sampled_draft={})
+        overhead = {**self.overhead, **self.sampled_overhead}
+        draft = {**self.draft, **self.sampled_draft}
+        for (b, label), greedy in self.draft.items():
+            n = (nodes or {}).get(label)
+            if n is None or (b, 1) not in self.envelope or (b, label) not in self.sampled_draft:
+                continue
+            tree, plain = _along_n(self.envelope, b, n), self.envelope[(b, 1)]
+            ratio = (greedy + tree + self.overhead.get(b, 0.0)) / (plain + self.overhead.get(b, 0.0))
+            floor = ratio * (plain + overhead.get(b, 0.0)) - tree - overhead.get(b, 0.0)
+            draft[(b, label)] = max(draft[(b, label)], floor)
+        return replace(self, overhead=overhead, draft=draft, sampled_overhead={}, sampled_draft={})
 
     def paused_cost(self, batch: int) -> float:
         return self.paused.get(self._batch(batch), 0.0)

@@ -198,8 +198,10 @@ class AdaptiveDispatcher:
             raise ValueError(f"sampled_margin must be >= 1 and sampled_keep_margin in (0, "
                              f"{max(margin, sampled_margin)}] or None, got {sampled_margin} and {sampled_keep_margin}")
         self.costs = costs
-        self._sampled_costs = costs.for_sampled()  # batches holding a sampled request (T > 0)
         self.candidates = {c.label: c for c in candidates if c.drafts}
+        # batches holding a sampled request (T > 0); a tree's sampled step no cheaper against a sampled plain step
+        # than its greedy one against a greedy plain step (``CostTable.for_sampled``)
+        self._sampled_costs = costs.for_sampled({label: c.num_nodes for label, c in self.candidates.items()})
         self._shapes = {label: (c.num_nodes, c.max_depth) for label, c in self.candidates.items()}  # for choose
         self.none = NoDraft()
         self.pools = {False: prior or AcceptanceTracker(), True: AcceptanceTracker()}  # greedy / sampled requests
