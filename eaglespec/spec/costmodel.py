@@ -35,9 +35,8 @@ Pure functions and small trackers; the dispatcher that uses them lives with the 
 from __future__ import annotations
 
 import collections
-import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from eaglespec.spec.strategies import NoDraft
@@ -177,17 +176,15 @@ class CostTable:
         its greedy 1.35, and `--tree auto` then predicted 1.09x for HumanEval at batch 1, T=1 and ran 0.96x."""
         if not self.sampled_overhead and not self.sampled_draft:
             return self
-        overhead = {**self.overhead, **self.sampled_overhead}
-        draft = {**self.draft, **self.sampled_draft}
+        sampled = replace(self, overhead={**self.overhead, **self.sampled_overhead},
+                          draft={**self.draft, **self.sampled_draft}, sampled_overhead={}, sampled_draft={})
         for (b, label), greedy in self.draft.items():
             n = (nodes or {}).get(label)
-            if n is None or (b, 1) not in self.envelope or (b, label) not in self.sampled_draft:
-                continue
-            tree, plain = _along_n(self.envelope, b, n), self.envelope[(b, 1)]
-            ratio = (greedy + tree + self.overhead.get(b, 0.0)) / (plain + self.overhead.get(b, 0.0))
-            floor = ratio * (plain + overhead.get(b, 0.0)) - tree - overhead.get(b, 0.0)
-            draft[(b, label)] = max(draft[(b, label)], floor)
-        return replace(self, overhead=overhead, draft=draft, sampled_overhead={}, sampled_draft={})
+            if n is not None and (b, label) in self.sampled_draft:
+                ratio = (greedy + self.verify_cost(b, n)) / self.verify_cost(b, 1)
+                floor = ratio * sampled.verify_cost(b, 1) - sampled.verify_cost(b, n)
+                sampled.draft[(b, label)] = max(sampled.draft[(b, label)], floor)
+        return sampled
 
     def paused_cost(self, batch: int) -> float:
         return self.paused.get(self._batch(batch), 0.0)
@@ -598,7 +595,8 @@ class StepCostFeedback:
         (``plain``) or, with ``peers``, to whichever other shape's correcting ``ratio`` in the band is lower, where
         that is at least ``tolerance``; else 1 (also for ``none`` and where the shape's ``ratio`` in the band is
         None)."""
-        return self._factor(label, self._held(batch, context), lambda: self.plain(batch, context))
+        held = self._held(batch, context)
+        return self._factor(label, held, self.plain(batch, context)) if label in held else 1.0
 
     def _held(self, batch: int, context: float | None) -> dict[str, float]:
         """label -> its ``ratio`` in the context's band at this batch size, for the drafting shapes whose reading
@@ -612,13 +610,12 @@ class StepCostFeedback:
                     out[key[1]] = r
         return out
 
-    def _factor(self, label: str, held: Mapping[str, float], plain: Callable[[], float]) -> float:
-        """``factor`` from the band's correcting ratios ``held`` (``_held``) and the plain reference (``plain()``,
-        asked only where the shape has a ratio)."""
+    def _factor(self, label: str, held: Mapping[str, float], plain: float) -> float:
+        """``factor`` from the band's correcting ratios ``held`` (``_held``) and the plain reference ``plain``."""
         r = held.get(label)
         if r is None:
             return 1.0
-        ref = plain()
+        ref = plain
         if self.peers:  # its own ratio among them changes nothing: a shape at the lowest gets f = 1 either way
             ref = min(ref, *held.values())
         f = r / ref
@@ -629,7 +626,7 @@ class StepCostFeedback:
         band's readings and the plain reference are looked up once for all of them."""
         labels = {label for b, label, _ in self.ratios if b == batch and label != PLAIN}
         held = self._held(batch, context) if labels else {}
-        plain = functools.cache(lambda: self.plain(batch, context))
+        plain = self.plain(batch, context) if held else 1.0  # only a shape in ``held`` reads it
         return {label: self._factor(label, held, plain) for label in labels}
 
     def snapshot(self) -> list[dict]:
